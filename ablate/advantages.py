@@ -1,0 +1,127 @@
+"""Advantage estimators: a baseline b and a scale s, A = (r - b) / s. DESIGN.md section 3.
+
+Two registries of pure tensor functions; `compute_advantages` composes one of each.
+Shapes: P prompts, G completions per prompt; rewards [P,G], one advantage per completion [P,G]
+(the trainer broadcasts it over the completion's tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+BaselineFn = Callable[[Tensor, "Tensor | None"], Tensor]  # (rewards[P,G], greedy[P] | None) -> b[P,G]
+ScaleFn = Callable[[Tensor, Tensor, int, float], Tensor]  # (centered, rewards, ddof, eps) -> A[P,G]
+
+
+def _std(x: Tensor, ddof: int, dim: int | None = None) -> Tensor:
+    """std with a guarded denominator: n - ddof <= 0 (one sample, ddof=1) gives 0, not NaN/inf."""
+    n = x.numel() if dim is None else x.shape[dim]
+    mu = x.mean() if dim is None else x.mean(dim, keepdim=True)
+    sq = (x - mu) ** 2
+    var = (sq.sum() if dim is None else sq.sum(dim, keepdim=True)) / max(n - ddof, 1)
+    return var.sqrt()
+
+
+# --- baselines: fn(rewards[P,G], greedy_rewards[P] | None) -> b[P,G] ------------------------------
+
+def _none(rewards: Tensor, greedy_rewards: Tensor | None) -> Tensor:
+    # plain REINFORCE (Williams 1992): no variance reduction
+    return torch.zeros_like(rewards)
+
+
+def _batch_mean(rewards: Tensor, greedy_rewards: Tensor | None) -> Tensor:
+    # one number for the whole batch (REINFORCE++); not invariant to per-prompt reward offsets
+    return rewards.mean().expand_as(rewards)
+
+
+def _group_mean(rewards: Tensor, greedy_rewards: Tensor | None) -> Tensor:
+    # GRPO numerator (Shao et al. 2024): mean of the G rewards of the same prompt
+    return rewards.mean(1, keepdim=True).expand_as(rewards)
+
+
+def _leave_one_out(rewards: Tensor, greedy_rewards: Tensor | None) -> Tensor:
+    # RLOO (Ahmadian et al. 2024): mean of the other G-1 rewards, so b_i is independent of y_i
+    # (unbiased); r_i - b_i = G/(G-1) * (r_i - group mean).
+    g = rewards.shape[1]
+    if g < 2:
+        raise ValueError("leave_one_out baseline needs G >= 2 completions per prompt")
+    return (rewards.sum(1, keepdim=True) - rewards) / (g - 1)
+
+
+def _greedy(rewards: Tensor, greedy_rewards: Tensor | None) -> Tensor:
+    # ReMax (Li et al. 2023): reward of the greedy decode of the same prompt
+    if greedy_rewards is None:
+        raise ValueError("greedy baseline needs greedy_rewards[P] (reward of each prompt's greedy decode)")
+    if greedy_rewards.shape != rewards.shape[:1]:
+        raise ValueError(f"greedy_rewards must have shape [P]={tuple(rewards.shape[:1])}, "
+                         f"got {tuple(greedy_rewards.shape)}")
+    return greedy_rewards.to(rewards.dtype)[:, None].expand_as(rewards)
+
+
+BASELINES: dict[str, BaselineFn] = {
+    "none": _none,
+    "batch_mean": _batch_mean,
+    "group_mean": _group_mean,
+    "leave_one_out": _leave_one_out,
+    "greedy": _greedy,
+}
+
+
+# --- scales: fn(centered[P,G], rewards[P,G], ddof, eps) -> A[P,G] ---------------------------------
+
+def _scale_none(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Tensor:
+    # Dr. GRPO (Liu et al. 2025) / RLOO: std-normalisation biases towards too-easy/too-hard prompts
+    return centered
+
+
+def _scale_group(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Tensor:
+    # GRPO: std of the G *rewards* of the prompt. A dead group has centered == 0, so 0 / eps = 0.
+    return centered / (_std(rewards, ddof, dim=1) + eps)
+
+
+def _scale_batch(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Tensor:
+    # Choice: std over the whole batch of the *centered* values (r - b), not of the raw rewards.
+    # This is Lite PPO (Liu et al. 2025, "Tricks or Traps? Part I": group-level mean, batch-level
+    # std of the group-centred advantages) and REINFORCE++ (Hu 2025: global normalisation of the
+    # advantages). With a batch_mean baseline both readings coincide (std is shift-invariant); with
+    # a group baseline, using the centered values keeps the estimator invariant to per-prompt reward
+    # offsets, which the std of raw rewards would not be. We do not re-subtract the batch mean:
+    # that would silently replace the chosen baseline.
+    return centered / (_std(centered, ddof) + eps)
+
+
+SCALES: dict[str, ScaleFn] = {
+    "none": _scale_none,
+    "group": _scale_group,
+    "batch": _scale_batch,
+}
+
+
+def _lookup(registry: dict, name: str, what: str):
+    if name not in registry:
+        raise ValueError(f"unknown {what} {name!r}; allowed: {', '.join(registry)}")
+    return registry[name]
+
+
+def compute_advantages(
+    rewards: Tensor,  # [P,G]
+    *,
+    baseline: str,
+    scale: str,
+    ddof: int = 1,
+    eps: float = 1e-6,
+    greedy_rewards: Tensor | None = None,  # [P], only for baseline="greedy"
+) -> Tensor:  # [P,G] float
+    """A = scale(r - baseline(r)). Unknown names raise ValueError listing the allowed ones."""
+    base_fn = _lookup(BASELINES, baseline, "baseline")
+    scale_fn = _lookup(SCALES, scale, "scale")
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [P,G], got shape {tuple(rewards.shape)}")
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 (population) or 1 (sample), got {ddof!r}")
+    r = rewards if rewards.is_floating_point() else rewards.float()
+    centered = r - base_fn(r, greedy_rewards)
+    return scale_fn(centered, r, ddof, eps)

@@ -1,0 +1,50 @@
+"""The `ablate` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Ablation studies of RLVR recipes.")
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="YAML run config"),
+    set_: list[str] = typer.Option([], "--set", help="override a dotted key, e.g. recipe.eps_high=0.28"),
+    out: Path | None = typer.Option(None, "--out", help="run folder (default runs/<run_id>)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+):
+    """Train one run; resumes if OUT holds a checkpoint of the same config."""
+    from ablate.config import ConfigError, load, run_id
+
+    try:
+        cfg = load(config, set_)
+    except ConfigError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.trainer import train as run_train
+
+    out = out or Path("runs") / run_id(cfg)
+    state = run_train(cfg, str(out), progress=not quiet)
+    typer.echo(f"{state}: {out}")
+    raise typer.Exit(0 if state == "completed" else 1)
+
+
+@app.command("base-model")
+def base_model(
+    out: Path = typer.Option(Path("models/tiny-arith"), "--out", help="folder to write the model into"),
+    seed: int = typer.Option(0, "--seed"),
+):
+    """Build (or reuse, if cached) the tiny local base model warm-started on arithmetic."""
+    from ablate.models import base_model_cli
+
+    base_model_cli(str(out), seed)
+
+
+def main() -> None:  # console script entry point
+    sys.exit(app())

@@ -1,0 +1,85 @@
+"""Every logged metric, defined once. `docs/metrics.md` is rendered from this table
+(`python -m ablate.metrics > docs/metrics.md`; a test keeps the two in step).
+
+Per-token quantities are means over completion tokens (mask 1); "groups" are the G completions of one
+prompt. Per-step metrics go to metrics.jsonl, evaluation metrics to evals.jsonl.
+"""
+
+from __future__ import annotations
+
+import re
+
+STEP_METRICS: dict[str, str] = {
+    "train/reward_mean": "mean total reward of the step's completions (after format, overlong and KL-in-reward terms)",
+    "train/reward_std": "std (ddof=0) of the total reward over the step's completions",
+    "train/reward_correct_mean": "mean training-verifier score (the gameable one when `task.gameable`)",
+    "train/reward_format_mean": "mean format score (1 if the completion has the expected structure)",
+    "train/reward_overlong_mean": "mean overlong soft penalty added to the reward (0 unless `recipe.overlong=soft_penalty`)",
+    "train/reward_kl_mean": "mean KL penalty subtracted from the reward (0 unless `recipe.kl_placement=reward`)",
+    "train/dead_group_frac": "share of groups whose G rewards are all equal (no gradient), before any normalisation",
+    "train/dead_all_correct_frac": "share of groups whose G completions are all correct",
+    "train/dead_all_wrong_frac": "share of groups whose G completions are all wrong",
+    "train/gen_rounds": "generation rounds used this step (> 1 only with dynamic sampling)",
+    "train/live_groups": "groups trained on this step (dynamic sampling drops dead ones)",
+    "train/nonzero_adv_token_frac": "share of completion tokens whose advantage is non-zero",
+    "train/adv_mean": "mean advantage over completions",
+    "train/adv_std": "std (ddof=0) of the advantage over completions",
+    "train/entropy": "per-token entropy (nats) of the full next-token distribution at sampling temperature",
+    "train/kl": "per-token KL to the reference with `recipe.kl_estimator` (0 when KL is off)",
+    "train/clip_frac_low": "share of tokens with ratio < 1 - eps_low and negative advantage (clipped)",
+    "train/clip_frac_high": "share of tokens with ratio > 1 + eps_high and positive advantage (clipped)",
+    "train/clip_frac": "share of tokens whose clipped term was the active one (low + high)",
+    "train/dual_clip_frac": "share of negative-advantage tokens capped by the dual clip c (0 when `recipe.dual_clip` is null)",
+    "train/ratio_mean": "mean importance ratio pi/pi_old over tokens",
+    "train/ratio_max": "max importance ratio over tokens",
+    "train/completion_len_mean": "mean completion length in tokens (EOS included)",
+    "train/completion_len_max": "max completion length in tokens",
+    "train/truncation_rate": "share of completions that hit `recipe.max_new_tokens` without EOS",
+    "train/loss": "total loss (mean over the step's minibatch updates)",
+    "train/loss_policy": "clipped surrogate policy loss",
+    "train/loss_kl": "KL term of the loss, before the coefficient (0 unless `recipe.kl_placement=loss`)",
+    "train/loss_entropy": "entropy term of the loss, before the coefficient",
+    "train/grad_norm": "global gradient norm before clipping (mean over minibatch updates)",
+    "train/lr": "learning rate of the step",
+    "counters/samples": "completions generated so far (x-axis for sample-matched comparisons)",
+    "counters/tokens": "completion tokens generated so far (x-axis for compute-matched comparisons)",
+    "perf/wall_seconds": "seconds since the run (or its resumed part) started, cumulative across resumes",
+    "perf/step_seconds": "wall seconds of this step",
+    "perf/generate_seconds": "seconds spent sampling this step",
+    "perf/reward_seconds": "seconds spent verifying this step",
+    "perf/logprob_seconds": "seconds spent on behaviour/reference log-probs this step",
+    "perf/update_seconds": "seconds spent on forward/backward/optimizer this step",
+    "perf/gen_tokens_per_s": "generated completion tokens per second of sampling",
+    "perf/train_tokens_per_s": "completion tokens per second of update (all epochs)",
+}
+
+EVAL_METRICS: dict[str, str] = {
+    "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
+    "eval/pass@1_exact": "exact pass@1 of the tabular toy policy (product of correct-token probabilities)",
+    "eval/greedy_acc": "share of held-out problems solved by the greedy decode",
+    "eval/reward_mean": "mean strict-verifier reward of held-out samples",
+    "eval/train_minus_heldout_reward": "mean `train/reward_correct_mean` over the steps since the previous evaluation minus `eval/reward_mean` (reward-hacking / overfitting signal; absent before training)",
+    "eval/completion_len_mean": "mean completion length of held-out samples",
+    "eval/frac_never_solved": "share of held-out problems with 0 of n samples correct",
+    "eval/frac_always_solved": "share of held-out problems with n of n samples correct",
+}
+
+
+def is_defined(name: str) -> bool:
+    """True if `name` is in one of the tables (pass@k matches any k)."""
+    if name in STEP_METRICS or name in EVAL_METRICS:
+        return True
+    return re.fullmatch(r"eval/pass@\d+", name) is not None
+
+
+def render_markdown() -> str:
+    lines = ["# Metrics", "", "Generated from `ablate/metrics.py`; do not edit by hand.", ""]
+    for title, table in (("Per step (metrics.jsonl)", STEP_METRICS), ("Held-out evaluation (evals.jsonl)", EVAL_METRICS)):
+        lines += [f"## {title}", "", "| metric | definition |", "|---|---|"]
+        lines += [f"| `{name}` | {text} |" for name, text in table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_markdown())

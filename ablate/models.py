@@ -1,0 +1,231 @@
+"""Load HF causal LMs, and build the tiny local base model the quickstart trains with RL.
+
+The base model is a ~1M-parameter Llama over a character-level tokenizer, warm-started by a short
+supervised phase on arithmetic TRAIN problems (never held-out ones). The warm start uses mild
+per-digit label noise: the model learns the right answer as the mode, but keeps real probability
+mass on wrong digits. Sampled at temperature 1 it is then often wrong where greedy is right, which
+is exactly the gap RL (sharpening) closes, and the sharpening carries over to held-out problems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import string
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
+
+from ablate.config import TaskConfig
+from ablate.tasks.arithmetic import build as build_task, is_heldout, random_problem
+
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+CHARS = string.printable  # digits, letters, punctuation, space, \t \n ...: every char is one token
+RECIPE_VERSION = 1  # bump when the build code changes in a way the settings below do not capture
+
+
+# --- tokenizer -----------------------------------------------------------------------------------
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: one token per character, BOS prepended, left padding."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(CHARS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")  # every char alone
+    tok.decoder = decoders.Fuse()  # join characters back without separators
+    # BOS gives the first prompt character a fixed left context, whatever the left padding
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+        unk_token="<unk>", padding_side="left")  # generation pads on the left
+
+
+def load_tokenizer(path: str):
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """The real loading path: a local folder or a hub id."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+
+
+# --- base model build ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Everything the base model depends on; its hash decides whether a cached build is reused."""
+
+    seed: int = 0
+    steps: int = 1200
+    batch_size: int = 128
+    lr: float = 3e-3
+    label_noise: float = 0.15  # share of answer characters replaced by a random digit
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate: int = 384
+    digits: tuple[int, ...] = (1, 2)
+    operators: tuple[str, ...] = ("+", "-", "*")
+
+    def hash(self) -> str:
+        blob = json.dumps({**asdict(self), "recipe_version": RECIPE_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _new_model(s: BuildSettings, tok) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=s.hidden, intermediate_size=s.intermediate,
+        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.heads,
+        max_position_embeddings=64, tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model
+
+
+def _train_problem(rng: random.Random, s: BuildSettings):
+    """A fresh draw from the task's mix, redrawn until it lies on the TRAIN side of the fixed split."""
+    while True:
+        p = random_problem(rng, s.digits, s.operators)
+        if not is_heldout(p.prompt):
+            return p
+
+
+def _sft_batch(problems, tok, rng: random.Random, noise: float):
+    """Right-padded (ids, mask, labels); loss only on answer characters and EOS."""
+    rows = []
+    for p in problems:
+        answer = "".join(rng.choice(string.digits) if rng.random() < noise else c for c in p.answer)
+        prompt_ids = tok(p.prompt)["input_ids"]
+        answer_ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows.append((prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids))
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row_ids, row_labels) in enumerate(rows):
+        ids[i, :len(row_ids)] = torch.tensor(row_ids)
+        labels[i, :len(row_labels)] = torch.tensor(row_labels)
+        mask[i, :len(row_ids)] = 1
+    return ids, mask, labels
+
+
+@torch.no_grad()
+def measure_skill(model, tok, task, problems, n: int = 8, temperature: float = 1.0,
+                  max_new_tokens: int = 6) -> dict:
+    """Held-out skill: sampled pass@1 (n samples per problem), greedy accuracy, 0/n and n/n shares."""
+    score = task.score  # the strict verifier
+    model.eval()
+    enc = tok([p.prompt for p in problems], return_tensors="pt", padding=True)
+    common = dict(max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    greedy = model.generate(**enc, do_sample=False, **common)
+    sampled = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                             num_return_sequences=n, **common)
+    width = enc["input_ids"].shape[1]
+    greedy_txt = tok.batch_decode(greedy[:, width:], skip_special_tokens=True)
+    sampled_txt = tok.batch_decode(sampled[:, width:], skip_special_tokens=True)
+    counts = [sum(score(p, sampled_txt[i * n + j]) for j in range(n)) for i, p in enumerate(problems)]
+    return {
+        "pass1": sum(counts) / (n * len(problems)),
+        "greedy_acc": sum(score(p, t) for p, t in zip(problems, greedy_txt)) / len(problems),
+        "share_none": sum(c == 0 for c in counts) / len(problems),
+        "share_all": sum(c == n for c in counts) / len(problems),
+        "n": n,
+        "num_problems": len(problems),
+    }
+
+
+def _cached(out: Path, settings: BuildSettings) -> bool:
+    meta = out / "build.json"
+    if not (meta.is_file() and (out / "config.json").is_file()):
+        return False
+    try:
+        return json.loads(meta.read_text()).get("settings_hash") == settings.hash()
+    except json.JSONDecodeError:
+        return False
+
+
+def build_base_model(out_dir: str | Path, seed: int = 0, steps: int | None = None,
+                     settings: BuildSettings | None = None, progress: bool = True) -> dict:
+    """Build (or reuse, if cached with the same settings) the tiny base model in `out_dir`.
+
+    Returns the build record that is also written to `out_dir/build.json`.
+    """
+    settings = settings or BuildSettings(seed=seed)
+    if steps is not None:
+        settings = BuildSettings(**{**asdict(settings), "steps": steps})
+    out = Path(out_dir)
+    if _cached(out, settings):
+        return json.loads((out / "build.json").read_text())
+
+    t0 = time.time()
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    tok = build_tokenizer()
+    model = _new_model(settings, tok)
+    task_cfg = TaskConfig(digits=settings.digits, operators=settings.operators)
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
+    warmup = max(1, settings.steps // 20)
+    # linear warmup then cosine decay to 10%: a short run needs a fast start and a quiet end
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i, settings.steps) / settings.steps))))
+    model.train()
+    loss_ema = None
+    with _progress(progress) as bar:
+        job = bar.add_task("warm start", total=settings.steps, loss=float("nan"))
+        for _ in range(settings.steps):
+            batch = [_train_problem(rng, settings) for _ in range(settings.batch_size)]
+            ids, mask, labels = _sft_batch(batch, tok, rng, settings.label_noise)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+            bar.update(job, advance=1, loss=loss_ema)
+    train_seconds = time.time() - t0
+
+    task = build_task(task_cfg)
+    torch.manual_seed(settings.seed)  # the measurement's sampling is reproducible too
+    skill = measure_skill(model, tok, task, task.problems("heldout"))
+    record = {
+        "settings": asdict(settings),
+        "settings_hash": settings.hash(),
+        "recipe_version": RECIPE_VERSION,
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss_ema": loss_ema,
+        "train_seconds": round(train_seconds, 1),
+        "heldout": skill,
+        "heldout_task": {"seed": task_cfg.seed, "num_heldout": task_cfg.num_heldout},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "build.json").write_text(json.dumps(record, indent=2) + "\n")  # last: marks the build done
+    return record
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(), disable=not enabled)
+
+
+def base_model_cli(out: str, seed: int = 0) -> None:
+    """`ablate base-model --out models/tiny-arith`: build (or reuse) and print what was measured."""
+    from rich.console import Console
+    console = Console()
+    record = build_base_model(out, seed=seed)
+    h = record["heldout"]
+    console.print(f"base model in {out}: {record['params']:,} params, built in {record['train_seconds']} s; "
+                  f"held-out pass@1 {h['pass1']:.3f} (T=1, n={h['n']}), greedy {h['greedy_acc']:.3f}, "
+                  f"0/{h['n']} {h['share_none']:.2f}, {h['n']}/{h['n']} {h['share_all']:.2f}")

@@ -1,0 +1,16 @@
+"""Reward shaping terms added to the verifier's score (pure tensor functions)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), [N] -> [N], values in [-factor, 0].
+
+    0 up to max_len - buffer tokens, then falling linearly to -factor at max_len (a completion that
+    hits the budget gets the full -factor).
+    """
+    start = max_len - buffer
+    return -factor * ((lengths.float() - start) / buffer).clamp(min=0.0, max=1.0)

@@ -1,0 +1,137 @@
+"""Rollouts: sample completions from a policy and score them again under a (possibly newer) policy.
+
+A policy is anything with `sample(...) -> Rollout`, `logits(rollout) -> [N, T, V]`, and `module` (the
+torch module that is trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.toy.ToyPolicy` is
+the tabular testbed. Completions of one prompt are contiguous: row i belongs to prompt i // G.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    prompt_ids: Tensor       # [N, P] left-padded
+    prompt_mask: Tensor      # [N, P] 1 on real prompt tokens
+    completion_ids: Tensor   # [N, T] right-padded after EOS
+    completion_mask: Tensor  # [N, T] float, 1 on generated tokens up to and including EOS
+    truncated: Tensor        # [N] bool, no EOS within the token budget
+    texts: list[str]         # decoded completions (EOS and padding removed)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def lengths(self) -> Tensor:  # [N]
+        return self.completion_mask.sum(-1)
+
+    def select(self, idx: Tensor) -> Rollout:
+        """Rows `idx` (a 1-d index tensor)."""
+        return Rollout(*(getattr(self, f.name)[idx] for f in fields(self)[:5]),
+                       texts=[self.texts[i] for i in idx.tolist()])
+
+    @staticmethod
+    def cat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Concatenate rows, re-padding prompts on the left and completions on the right."""
+        P = max(r.prompt_ids.shape[1] for r in parts)
+        T = max(r.completion_ids.shape[1] for r in parts)
+
+        def pad(x: Tensor, width: int, left: bool, value) -> Tensor:
+            gap = width - x.shape[1]
+            return F.pad(x, (gap, 0) if left else (0, gap), value=value)
+
+        return Rollout(
+            prompt_ids=torch.cat([pad(r.prompt_ids, P, True, pad_id) for r in parts]),
+            prompt_mask=torch.cat([pad(r.prompt_mask, P, True, 0) for r in parts]),
+            completion_ids=torch.cat([pad(r.completion_ids, T, False, pad_id) for r in parts]),
+            completion_mask=torch.cat([pad(r.completion_mask, T, False, 0.0) for r in parts]),
+            truncated=torch.cat([r.truncated for r in parts]),
+            texts=[t for r in parts for t in r.texts],
+        )
+
+
+def draw(logits: Tensor, temperature: float, greedy: bool) -> Tensor:
+    """One token per row from next-token logits [N, V] -> [N]."""
+    if greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1).squeeze(-1)
+
+
+class LMPolicy:
+    """A Hugging Face causal LM with its tokenizer, sampled with a bare KV-cache loop.
+
+    We sample with our own loop rather than `generate()`: on a tiny model the per-token logits
+    processors and stopping checks of `generate()` cost more than the model's forward itself.
+    """
+
+    def __init__(self, model, tokenizer, device: torch.device, autocast_dtype=None):
+        self.module = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_id = tokenizer.eos_token_id
+        # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _autocast(self):
+        enabled = self.autocast_dtype is not None
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=enabled)
+
+    def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        self.tokenizer.padding_side = "left"
+        # a chat template already wrote BOS into the text; plain prompts get the tokenizer's specials
+        bos = self.tokenizer.bos_token
+        special = not (bos and prompts[0].startswith(bos))
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=special)
+        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+               greedy: bool = False) -> Rollout:
+        """n completions per prompt (rows grouped by prompt)."""
+        ids, mask = self.encode([p for p in prompts for _ in range(n)])
+        N = ids.shape[0]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        done = torch.zeros(N, dtype=torch.bool, device=self.device)
+        tokens = []
+        with self._autocast():
+            out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                              logits_to_keep=1)
+            next_pos = positions[:, -1:] + 1
+            attn = mask
+            for t in range(max_new_tokens):
+                tok = draw(out.logits[:, -1], temperature, greedy)
+                tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+                tokens.append(tok)
+                done |= tok == self.eos_id
+                if done.all() or t == max_new_tokens - 1:
+                    break
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+                out = self.module(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
+                                  use_cache=True, **{self.cache_arg: out[self.cache_arg]})
+                next_pos = next_pos + 1
+        completion = torch.stack(tokens, dim=1)  # [N, T]
+        is_eos = completion == self.eos_id
+        # 1 up to and including the first EOS: no EOS strictly before this position
+        completion_mask = (is_eos.long().cumsum(-1) - is_eos.long() == 0).float()
+        texts = self.tokenizer.batch_decode(completion.masked_fill(is_eos, self.pad_id), skip_special_tokens=True)
+        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts)
+
+    def logits(self, rollout: Rollout) -> Tensor:
+        """Next-token logits at each completion position, [N, T, V] (with grad)."""
+        T = rollout.completion_ids.shape[1]
+        ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+        mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with self._autocast():
+            out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                              logits_to_keep=T + 1)
+        return out.logits[:, :-1].float()

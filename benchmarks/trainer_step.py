@@ -1,0 +1,258 @@
+"""One GRPO trainer step on the tiny model, CPU fp32: ours vs TRL's GRPOTrainer vs the bare-compute floor.
+
+    python benchmarks/trainer_step.py [--steps 10] [--warmup 2] [--profile]
+
+Setting (every contender): 16 prompts x G=8 = 128 completions, exactly 16 new tokens each (2048 generated and
+2048 trained tokens per step), fp32, KL off (beta 0), one optimizer step (AdamW, grad clip 1.0) per rollout.
+Forcing 16 tokens: ours treats EOS as an ordinary token (`policy.eos_id = -1`: no row ever stops); TRL gets
+`min_new_tokens=16` (its generate() masks EOS until token 16). Both counts are checked every step.
+
+To time the three under the same machine load, they are interleaved: TRL drives the loop and, from its
+`on_step_end` callback, one step of ours and one floor step run; a TRL step is timed from the callback's
+return to its next `on_step_end` (everything TRL does for a step: data, generate, reward, loss, optimizer).
+Figures are medians over `--steps` steps after `--warmup` warm-up steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from ablate.advantages import compute_advantages  # noqa: E402
+from ablate.config import parse  # noqa: E402
+from ablate.tasks import make_task  # noqa: E402
+from ablate.trainer import PromptStream, build_policy, collect, make_optimizer, sequence_logprobs, update  # noqa: E402
+
+B, G, T = 16, 8, 16
+REPO = Path(__file__).resolve().parents[1]
+
+
+def model_dir(tmp: str) -> str:
+    if (REPO / "models/tiny-arith/config.json").is_file():
+        return str(REPO / "models/tiny-arith")
+    from ablate.models import build_base_model
+    build_base_model(Path(tmp) / "tiny", steps=40, progress=False)  # quality is irrelevant to timing
+    return str(Path(tmp) / "tiny")
+
+
+class Ours:
+    """The trainer's own step (collect -> [old log-probs] -> advantages -> update -> scheduler), minus logging."""
+
+    def __init__(self, path: str):
+        self.cfg = parse({"model": {"path": path}, "task": {"name": "arithmetic"}, "prompts_per_step": B,
+                          "device": "cpu", "recipe": {"group_size": G, "max_new_tokens": T, "kl_coef": 0.0},
+                          "optim": {"lr": 2e-4}})
+        self.task = make_task(self.cfg.task)
+        self.train = self.task.problems("train")
+        self.policy = build_policy(self.cfg, self.task, torch.device("cpu"))
+        self.policy.eos_id = -1  # EOS becomes an ordinary token: all 128 rows run the full 16 tokens
+        self.opt, self.sched = make_optimizer(self.policy.module, self.cfg)
+        self.stream = PromptStream(len(self.train), self.cfg.seed)
+        r = self.cfg.recipe
+        self.needs_old = r.update_epochs > 1 or r.minibatches > 1  # the trainer's rule with KL off
+        self.last = None
+
+    def step(self) -> dict[str, float]:
+        r, cfg = self.cfg.recipe, self.cfg
+        t0 = time.perf_counter()
+        batch = collect(self.policy, self.task, self.train, self.stream, cfg, self.policy.tokenizer)
+        t1 = time.perf_counter()
+        old = sequence_logprobs(self.policy, batch.rollout, r.temperature) if self.needs_old else None
+        t2 = time.perf_counter()
+        mask = batch.rollout.completion_mask
+        adv = compute_advantages(batch.rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof,
+                                 eps=r.std_eps).flatten()
+        update(self.policy, None, old, batch, adv, mask, self.opt, cfg)
+        self.sched.step()
+        t3 = time.perf_counter()
+        n_tok = int(mask.sum())
+        assert n_tok == B * G * T and batch.rollout.completion_ids.shape == (B * G, T), n_tok
+        self.last = batch.rollout
+        # same split as the trainer's perf/* metrics: collect() overhead counts as generate
+        return {"generate": t1 - t0 - batch.reward_seconds, "reward": batch.reward_seconds,
+                "log-probs": t2 - t1, "update": t3 - t2, "total": t3 - t0, "tokens": n_tok}
+
+
+class Floor:
+    """Bare model compute on a copy of the model: prefill + 15 KV-cached decode forwards over precomputed
+    tokens (no sampling, no stop checks, no decode to text), then one forward/backward/AdamW step over the
+    128 sequences of prompt + 16 tokens (cross-entropy on the 16 completion positions)."""
+
+    def __init__(self, module, rollout):
+        self.model = copy.deepcopy(module)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=2e-4)
+        self.ids, self.pmask, self.comp = rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids
+        self.full_mask = torch.cat([self.pmask, torch.ones_like(self.comp)], 1)
+        self.full_pos = (self.full_mask.cumsum(-1) - 1).clamp(min=0)
+
+    @torch.no_grad()
+    def generate(self):
+        P = self.ids.shape[1]
+        out = self.model(input_ids=self.ids, attention_mask=self.pmask, position_ids=self.full_pos[:, :P],
+                         use_cache=True, logits_to_keep=1)
+        for t in range(T - 1):
+            out = self.model(input_ids=self.comp[:, t:t + 1], attention_mask=self.full_mask[:, :P + t + 1],
+                             position_ids=self.full_pos[:, P + t:P + t + 1], past_key_values=out.past_key_values,
+                             use_cache=True)
+        return out.logits
+
+    def train_step(self):
+        ids = torch.cat([self.ids, self.comp], 1)
+        logits = self.model(input_ids=ids, attention_mask=self.full_mask, position_ids=self.full_pos,
+                            logits_to_keep=T + 1).logits[:, :-1]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.comp.reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.generate()
+        t1 = time.perf_counter()
+        self.train_step()
+        t2 = time.perf_counter()
+        return {"generate": t1 - t0, "update": t2 - t1, "total": t2 - t0}
+
+
+def run_trl(path: str, tmp: str, task, train, n_steps: int, between):
+    """TRL GRPOTrainer at the same settings; `between()` runs (untimed for TRL) after each of its steps."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ablate.models import load_model, load_tokenizer
+
+    tokens: list[int] = []
+
+    def reward(prompts, completions, completion_ids, pid, **_):
+        tokens.append(sum(len(c) for c in completion_ids))
+        return [task.train_score(train[i], c) for i, c in zip(pid, completions)]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.resume, self.times = None, []
+
+        def on_step_end(self, args, state, control, **kw):
+            if self.resume is not None:
+                self.times.append(time.perf_counter() - self.resume)
+            between()
+            self.resume = time.perf_counter()
+
+    args = GRPOConfig(
+        output_dir=str(Path(tmp) / "trl"), per_device_train_batch_size=B * G, gradient_accumulation_steps=1,
+        num_generations=G, max_completion_length=T, generation_kwargs={"min_new_tokens": T}, beta=0.0,
+        loss_type="grpo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0, num_iterations=1,
+        learning_rate=2e-4, lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0,
+        use_vllm=False, gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True, report_to="none",
+        logging_strategy="no", save_strategy="no", disable_tqdm=True, max_steps=n_steps, seed=0,
+        dataloader_num_workers=0)
+    data = Dataset.from_list([{"prompt": task.prompt_text(p, None), "pid": i} for i, p in enumerate(train)])
+    clock = Clock()
+    trainer = GRPOTrainer(model=load_model(path), reward_funcs=reward, args=args, train_dataset=data,
+                          processing_class=load_tokenizer(path), callbacks=[clock])
+    trainer.train()
+    assert set(tokens) == {B * G * T}, f"TRL generated {set(tokens)} tokens per step, expected {B * G * T}"
+    return clock.times
+
+
+def med(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-trl", action="store_true", help="ours and the floor only")
+    ap.add_argument("--profile", action="store_true", help="cProfile our measured steps, print the top entries")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    tmp = tempfile.mkdtemp(prefix="ablate-bench-")
+    path = model_dir(tmp)
+    ours = Ours(path)
+    ours.step()  # also gives the floor its token batch
+    floor = Floor(ours.policy.module, ours.last)
+    rows_ours, rows_floor, prof = [], [], None
+    if a.profile:
+        import cProfile
+        prof = cProfile.Profile()
+
+    def between():  # one step of ours then one floor step, interleaved with TRL's steps
+        warm = len(rows_ours) < a.warmup
+        if prof is not None and not warm:
+            prof.enable()
+        rows_ours.append(ours.step())
+        if prof is not None and not warm:
+            prof.disable()
+        rows_floor.append(floor.step())
+
+    total = a.warmup + a.steps
+    trl_times = None
+    if a.no_trl:
+        for _ in range(total):
+            between()
+    else:
+        trl_times = run_trl(path, tmp, ours.task, ours.train, total, between)[a.warmup - 1:]
+    rows_ours, rows_floor = rows_ours[a.warmup:], rows_floor[a.warmup:]
+
+    ours_s, floor_s = med(rows_ours, "total"), med(rows_floor, "total")
+    con = Console()
+    t = Table(title=f"GRPO step, tiny Llama ({sum(p.numel() for p in ours.policy.module.parameters()):,} params), "
+                    f"{B} prompts x G={G}, {T} new tokens, fp32, KL off - median of {a.steps} steps")
+    for col in ("contender", "generate", "reward", "log-probs", "update", "step (s)", "tok/step"):
+        t.add_column(col, justify="left" if col == "contender" else "right")
+    f = lambda x: f"{x:.4f}"  # noqa: E731
+    t.add_row("ours (ablate.trainer)", *(f(med(rows_ours, k)) for k in ("generate", "reward", "log-probs", "update")),
+              f(ours_s), str(rows_ours[0]["tokens"]))
+    t.add_row("floor (bare compute)", f(med(rows_floor, "generate")), "-", "-", f(med(rows_floor, "update")),
+              f(floor_s), str(B * G * T))
+    if trl_times:
+        t.add_row("TRL GRPOTrainer", "", "", "", "", f(statistics.median(trl_times)), str(B * G * T))
+    con.print(t)
+    ratios = Table(title="ratios (median step times)")
+    for col in ("ratio", "value", "target", "ok"):
+        ratios.add_column(col)
+    ok = lambda v, tgt: "[green]yes[/]" if v <= tgt else "[red]no[/]"  # noqa: E731
+    if trl_times:
+        v = ours_s / statistics.median(trl_times)
+        ratios.add_row("ours / TRL", f"{v:.3f}", "<= 0.80", ok(v, 0.8))
+    v = ours_s / floor_s
+    ratios.add_row("ours / floor", f"{v:.3f}", "<= 1.15", ok(v, 1.15))
+    for k in ("generate", "update"):
+        ratios.add_row(f"  {k}: ours / floor", f"{med(rows_ours, k) / med(rows_floor, k):.3f}", "", "")
+    con.print(ratios)
+    import transformers
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "interop": torch.get_num_interop_threads(),
+           "cpus": os.cpu_count(), "transformers": transformers.__version__, "load": os.getloadavg()[0]}
+    try:
+        import trl
+        env["trl"] = trl.__version__
+    except ImportError:
+        env["trl"] = "not installed"
+    con.print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    con.print("spread (min..max step s): ours %.4f..%.4f, floor %.4f..%.4f%s" % (
+        min(r["total"] for r in rows_ours), max(r["total"] for r in rows_ours),
+        min(r["total"] for r in rows_floor), max(r["total"] for r in rows_floor),
+        f", TRL {min(trl_times):.4f}..{max(trl_times):.4f}" if trl_times else ""))
+    if prof is not None:
+        import pstats
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()

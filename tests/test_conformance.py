@@ -1,0 +1,194 @@
+"""Every registry entry obeys the shared contract: shapes, finiteness, dead groups, masking, offsets."""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from ablate.advantages import BASELINES, SCALES, compute_advantages
+from ablate.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    RATIO_LEVELS,
+    importance_ratio,
+    policy_loss,
+)
+
+GROUP_BASELINES = ("group_mean", "leave_one_out")
+P, G, N, T = 3, 4, 6, 5
+
+
+def _rewards(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, 2, (P, G), generator=g).double()
+    r[0] = 1.0  # one dead group (all correct)
+    r[1] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # one live group
+    return r
+
+
+# --- advantages --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("baseline,scale", list(itertools.product(BASELINES, SCALES)))
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_every_estimator_shape_and_finite(baseline, scale, ddof):
+    r = _rewards()
+    a = compute_advantages(r, baseline=baseline, scale=scale, ddof=ddof, greedy_rewards=torch.rand(P).double())
+    assert a.shape == (P, G) and a.is_floating_point() and torch.isfinite(a).all()
+    # registry entries have the common signatures
+    b = BASELINES[baseline](r, torch.zeros(P).double())
+    assert b.shape == (P, G)
+    assert SCALES[scale](r - b, r, ddof, 1e-6).shape == (P, G)
+
+
+@pytest.mark.parametrize("baseline,scale", list(itertools.product(GROUP_BASELINES, SCALES)))
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_dead_group_has_zero_advantage(baseline, scale, ddof):
+    r = _rewards()
+    r[2] = 0.0  # a dead all-wrong group as well
+    a = compute_advantages(r, baseline=baseline, scale=scale, ddof=ddof)
+    assert_close(a[0], torch.zeros(G, dtype=r.dtype), atol=0, rtol=0)
+    assert_close(a[2], torch.zeros(G, dtype=r.dtype), atol=0, rtol=0)
+    assert a[1].abs().min() > 0  # the live group still carries signal
+
+
+reward_grid = st.integers(1, 4).flatmap(lambda p: st.integers(2, 6).flatmap(lambda g: st.tuples(
+    st.lists(st.lists(st.floats(-5, 5, allow_nan=False), min_size=g, max_size=g), min_size=p, max_size=p),
+    st.lists(st.floats(-50, 50, allow_nan=False), min_size=p, max_size=p),
+)))
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+@pytest.mark.parametrize("ddof", [0, 1])
+@settings(max_examples=50, deadline=None)
+@given(data=reward_grid)
+def test_group_baselines_invariant_to_per_prompt_offset(scale, ddof, data):
+    rows, offsets = data
+    r = torch.tensor(rows, dtype=torch.float64)
+    c = torch.tensor(offsets, dtype=torch.float64)[:, None]
+    for baseline in GROUP_BASELINES:
+        a = compute_advantages(r, baseline=baseline, scale=scale, ddof=ddof)
+        a_shift = compute_advantages(r + c, baseline=baseline, scale=scale, ddof=ddof)
+        # rounding of r + c, amplified at most by 1/eps in near-dead groups, stays far below 1e-6
+        assert_close(a_shift, a, atol=1e-6, rtol=1e-6)
+
+
+def test_none_and_batch_mean_are_not_offset_invariant():
+    r = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    c = torch.tensor([[0.0], [10.0]])  # prompt 2's reward model adds +10 to everything
+    for baseline in ("none", "batch_mean"):
+        a = compute_advantages(r, baseline=baseline, scale="none")
+        a_shift = compute_advantages(r + c, baseline=baseline, scale="none")
+        assert not torch.allclose(a, a_shift)
+    # by hand: none -> the offset passes straight through; batch_mean -> shifts by c - mean(c) = -+5
+    assert_close(compute_advantages(r + c, baseline="none", scale="none"),
+                 torch.tensor([[1.0, 0.0], [11.0, 10.0]]), atol=0, rtol=0)
+    assert_close(compute_advantages(r + c, baseline="batch_mean", scale="none"),
+                 torch.tensor([[-4.5, -5.5], [5.5, 4.5]]), atol=1e-6, rtol=0)
+    # while the group baselines give the same advantages with and without the offset
+    for baseline in GROUP_BASELINES:
+        assert_close(compute_advantages(r + c, baseline=baseline, scale="none"),
+                     compute_advantages(r, baseline=baseline, scale="none"), atol=1e-6, rtol=0)
+
+
+# --- KL estimators and aggregations ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(KL_ESTIMATORS))
+def test_kl_estimator_contract(name):
+    logp = torch.log_softmax(torch.randn(N, T, 11), -1)[..., 0]
+    ref = torch.log_softmax(torch.randn(N, T, 11), -1)[..., 0]
+    k = KL_ESTIMATORS[name](logp, ref)
+    assert k.shape == (N, T) and torch.isfinite(k).all()
+    assert_close(KL_ESTIMATORS[name](logp, logp), torch.zeros(N, T), atol=0, rtol=0)  # zero at ref
+    if name in ("k2", "k3"):
+        assert (k >= 0).all()
+
+
+def _mask(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(N, T, generator=g) < 0.6
+    m[0] = False  # an empty completion (e.g. overlong-masked)
+    m[1] = True
+    return m
+
+
+@pytest.mark.parametrize("name", list(AGGREGATIONS))
+def test_aggregation_contract(name):
+    m = _mask()
+    v = torch.randn(N, T, dtype=torch.float64, requires_grad=True)
+    out = AGGREGATIONS[name](v, m, T)
+    assert out.dim() == 0 and torch.isfinite(out)
+    garbage = torch.where(m, v.detach(), torch.full_like(v, 1e30))
+    assert_close(AGGREGATIONS[name](garbage, m, T), out.detach(), atol=0, rtol=0)
+    out.backward()
+    assert (v.grad[~m] == 0).all()
+    empty = AGGREGATIONS[name](v.detach(), torch.zeros_like(m), T)
+    assert empty.item() == 0.0  # no counted token: 0, not NaN
+
+
+# --- policy loss: every ratio level x aggregation x dual clip ----------------------------------
+
+CASES = list(itertools.product(RATIO_LEVELS, AGGREGATIONS, [None, 3.0]))
+
+
+def _loss_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(N, T, generator=g, dtype=torch.float64) * 3
+    logp = old + 0.5 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    return logp, old, adv
+
+
+def _loss_and_grad(logp, old, adv, m, level, agg, dual):
+    logp = logp.clone().requires_grad_(True)
+    loss, stats = policy_loss(logp, old, adv, m, eps_low=0.2, eps_high=0.28, dual_clip=dual,
+                              ratio_level=level, agg=agg, max_len=T)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.detach(), grad, stats
+
+
+@pytest.mark.parametrize("level,agg,dual", CASES)
+def test_policy_loss_contract(level, agg, dual):
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    loss, grad, stats = _loss_and_grad(logp, old, adv, m, level, agg, dual)
+    assert loss.dim() == 0 and torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert set(stats) >= {"clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max"}
+    assert all(s.dim() == 0 and torch.isfinite(s) for s in stats.values())
+    assert importance_ratio(logp, old, m, level).shape == (N, T)
+    # nothing counted (every completion masked out): loss 0, stats 0, gradient 0 -- never NaN
+    empty = torch.zeros_like(m)
+    loss, grad, stats = _loss_and_grad(logp, old, adv, empty, level, agg, dual)
+    assert loss.item() == 0.0 and (grad == 0).all()
+    assert all(s.item() == 0.0 for s in stats.values())
+
+
+@pytest.mark.parametrize("level,agg,dual", CASES)
+def test_masked_tokens_never_change_loss_or_grad(level, agg, dual):
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    g = torch.Generator().manual_seed(1)
+    # finite garbage at masked positions, large enough to clip / overflow exp if it leaked in
+    junk_logp = torch.where(m, logp, 80 * torch.randn(N, T, generator=g, dtype=torch.float64))
+    junk_old = torch.where(m, old, -80 * torch.rand(N, T, generator=g, dtype=torch.float64))
+    loss, grad, stats = _loss_and_grad(logp, old, adv, m, level, agg, dual)
+    loss2, grad2, stats2 = _loss_and_grad(junk_logp, junk_old, adv, m, level, agg, dual)
+    assert_close(loss2, loss, atol=0, rtol=0)
+    assert_close(grad2, grad, atol=0, rtol=0)
+    assert (grad[~m] == 0).all()
+    for k in stats:
+        assert_close(stats2[k], stats[k], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("level,agg,dual", CASES)
+def test_policy_loss_on_policy_equals_minus_advantage(level, agg, dual):
+    # rho == 1 (first update epoch): nothing is clipped and the loss is agg(-A broadcast)
+    _, old, adv = _loss_inputs()
+    m = _mask()
+    loss, _, stats = _loss_and_grad(old, old, adv, m, level, agg, dual)
+    expected = AGGREGATIONS[agg](-adv[:, None].expand(N, T), m, T)
+    assert_close(loss, expected, atol=1e-12, rtol=0)
+    assert stats["clip_frac_low"].item() == 0.0 and stats["clip_frac_high"].item() == 0.0
+    assert stats["ratio_mean"].item() == pytest.approx(1.0, abs=1e-12)
