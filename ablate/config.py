@@ -111,6 +111,23 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    # auto: online when W&B credentials are configured (WANDB_API_KEY or a netrc entry), else offline
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    entity: str | None = None
+    project: str = "ablate"
+    group: str | None = None       # set by sweeps to the sweep name
+    job_type: str = "train"        # "tune-trial" for Optuna trials
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where a run is mirrored; not part of the run id (it changes no computed number)."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     preset: str | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -123,6 +140,7 @@ class RunConfig:
     seed: int = 0
     device: Device = "auto"
     checkpoint_every: int = 50  # steps; 0 = only at the end
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @property
     def samples_per_step(self) -> int:
@@ -328,6 +346,8 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
 
 
 def run_id(cfg: RunConfig) -> str:
-    """Content hash of the fully resolved config (seed included): same config, same id."""
-    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    """Content hash of the fully resolved config (seed included, tracking excluded): same config, same id."""
+    data = to_dict(cfg)
+    del data["tracking"]
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -21,6 +21,7 @@ import platform
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -56,8 +57,24 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class RunStore:
-    def __init__(self, root: str | Path):
+    """The run folder. Optional `mirrors` (e.g. W&B) receive every appended row and status change;
+    a mirror that fails is dropped with one warning, and the local store carries on regardless."""
+
+    def __init__(self, root: str | Path, mirrors: list | None = None):
         self.root = Path(root)
+        self.mirrors = list(mirrors or [])
+
+    def _mirror(self, method: str, *args) -> None:
+        for m in list(self.mirrors):
+            try:
+                getattr(m, method)(*args)
+            except Exception as err:  # noqa: BLE001 - a dashboard must never stop training
+                self.mirrors.remove(m)
+                warnings.warn(f"{type(m).__name__} disabled after an error: {err!r}; the local run store "
+                              f"in {self.root} stays complete", RuntimeWarning, stacklevel=3)
+
+    def close(self, state: str) -> None:
+        self._mirror("close", state)
 
     def path(self, name: str) -> Path:
         return self.root / name
@@ -95,11 +112,13 @@ class RunStore:
         assert state in STATES, state
         row = {"state": state, "step": step, "error": error, "updated": time.time()}
         atomic_write(self.path("status.json"), lambda f: f.write(json.dumps(row, indent=2).encode()))
+        self._mirror("status", state, step, error)
 
     # --- append-only logs ---
     def append(self, log: str, row: dict) -> None:
         with open(self.path(f"{log}.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
+        self._mirror("append", log, row)
 
     def read(self, log: str) -> list[dict]:
         return read_jsonl(self.path(f"{log}.jsonl"))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate import losses, stats
+from ablate import losses, preemption, stats
 from ablate.advantages import compute_advantages
 from ablate.config import RecipeConfig, RunConfig, run_id, to_dict
 from ablate.rewards import overlong_penalty
@@ -312,91 +312,96 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeRemainingColumn(), disable=not progress)
-    with bar:
-        bar_task = bar.add_task("", total=cfg.steps, completed=step)
-        start = time.perf_counter() - wall
+    bar_task = bar.add_task("", total=cfg.steps, completed=step)
+    start = time.perf_counter() - wall
+
+    def save_checkpoint() -> None:  # the state at the last step boundary
+        store.save_checkpoint({
+            "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
+            "step": step, "counters": counters, "wall": time.perf_counter() - start,
+            "since_eval": since_eval, "config": to_dict(cfg)})
+
+    with bar, preemption.guard(save_checkpoint):
         while step < cfg.steps:
-            step += 1
-            t0 = time.perf_counter()
-            # 1. rollout + reward (dynamic sampling inside)
-            batch = collect(policy, task, train_set, stream, cfg, tokenizer)
-            greedy_rewards = None
-            if r.baseline == "greedy":  # ReMax: one extra greedy decode per prompt
-                g = policy.sample([task.prompt_text(p, tokenizer) for p in batch.problems], 1, 1.0,
-                                  r.max_new_tokens, greedy=True)
-                greedy_rewards = task_rewards(task, batch.problems, g, r, 1)[0].flatten()
-            t1 = time.perf_counter()
-            # 2. behaviour and reference log-probs (only when used)
-            old_logp = sequence_logprobs(policy, batch.rollout, r.temperature) if needs_old_logp else None
-            ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
-            mask = batch.rollout.completion_mask
-            rewards = batch.rewards
-            kl_reward = torch.zeros_like(rewards)
-            if ref is not None and r.kl_placement == "reward":  # PPO/REINFORCE++: KL as a reward term
-                kl_tok = losses.KL_ESTIMATORS[r.kl_estimator](old_logp, ref_logp)
-                kl_reward = r.kl_coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
-                rewards = rewards - kl_reward
-            t2 = time.perf_counter()
-            # 3. advantages, one per completion, broadcast to its tokens
-            adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
-                                     greedy_rewards=greedy_rewards).flatten().to(mask.device)
-            loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
-            # 4. update
-            try:
-                up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
-            except Diverged as err:
-                store.set_status("diverged", step, str(err))
-                return "diverged"
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            t3 = time.perf_counter()
-            # 5. log
-            lengths = batch.rollout.lengths
-            counters["samples"] += len(batch.rollout)
-            counters["tokens"] += int(lengths.sum())
-            since_eval.append(float(batch.correct.mean()))
-            row = {
-                "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std(unbiased=False)),
-                "train/reward_correct_mean": float(batch.correct.mean()),
-                "train/reward_format_mean": float(batch.fmt.mean()),
-                "train/reward_overlong_mean": float(batch.overlong.mean()),
-                "train/reward_kl_mean": float(kl_reward.mean()),
-                "train/dead_group_frac": batch.group_stats["dead_frac"],
-                "train/dead_all_correct_frac": batch.group_stats["dead_all_correct_frac"],
-                "train/dead_all_wrong_frac": batch.group_stats["dead_all_wrong_frac"],
-                "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
-                "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * mask).sum() / mask.sum()),
-                "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
-                **{f"train/{k}": v for k, v in up.items()},
-                "train/completion_len_mean": float(lengths.float().mean()),
-                "train/completion_len_max": float(lengths.max()),
-                "train/truncation_rate": float(batch.rollout.truncated.float().mean()),
-                "train/lr": lr,
-                "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
-                "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
-                "perf/generate_seconds": t1 - t0 - batch.reward_seconds, "perf/reward_seconds": batch.reward_seconds,
-                "perf/logprob_seconds": t2 - t1, "perf/update_seconds": t3 - t2,
-                "perf/gen_tokens_per_s": float(lengths.sum()) / max(batch.generate_seconds, 1e-9),
-                "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9),
-            }
-            store.append("metrics", {"step": step, **row})
-            if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
-                ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
-                train_samples = [{"split": "train", "prompt": task.prompt_text(batch.problems[i // r.group_size], tokenizer),
-                                  "completion": batch.rollout.texts[i], "reward": float(rewards.flatten()[i]),
-                                  "advantage": float(adv[i]), "correct": bool(batch.correct.flatten()[i] >= 1)}
-                                 for i in range(0, min(len(adv), cfg.eval.num_samples_logged * r.group_size), r.group_size)]
-                log_eval(store, step, ev, samples + train_samples, float(np.mean(since_eval)))
-                since_eval = []
-            store.set_status("running", step)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                store.save_checkpoint({
-                    "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
-                    "step": step, "counters": counters, "wall": time.perf_counter() - start,
-                    "since_eval": since_eval, "config": to_dict(cfg)})
-            bar.update(bar_task, completed=step,
-                       description=f"reward {row['train/reward_mean']:.3f} dead {row['train/dead_group_frac']:.2f}")
+            with preemption.step():  # a SLURM warning signal waits for the step to end
+                step += 1
+                t0 = time.perf_counter()
+                # 1. rollout + reward (dynamic sampling inside)
+                batch = collect(policy, task, train_set, stream, cfg, tokenizer)
+                greedy_rewards = None
+                if r.baseline == "greedy":  # ReMax: one extra greedy decode per prompt
+                    g = policy.sample([task.prompt_text(p, tokenizer) for p in batch.problems], 1, 1.0,
+                                      r.max_new_tokens, greedy=True)
+                    greedy_rewards = task_rewards(task, batch.problems, g, r, 1)[0].flatten()
+                t1 = time.perf_counter()
+                # 2. behaviour and reference log-probs (only when used)
+                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature) if needs_old_logp else None
+                ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
+                mask = batch.rollout.completion_mask
+                rewards = batch.rewards
+                kl_reward = torch.zeros_like(rewards)
+                if ref is not None and r.kl_placement == "reward":  # PPO/REINFORCE++: KL as a reward term
+                    kl_tok = losses.KL_ESTIMATORS[r.kl_estimator](old_logp, ref_logp)
+                    kl_reward = r.kl_coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
+                    rewards = rewards - kl_reward
+                t2 = time.perf_counter()
+                # 3. advantages, one per completion, broadcast to its tokens
+                adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
+                                         greedy_rewards=greedy_rewards).flatten().to(mask.device)
+                loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
+                # 4. update
+                try:
+                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
+                except Diverged as err:
+                    store.set_status("diverged", step, str(err))
+                    return "diverged"
+                lr = scheduler.get_last_lr()[0]
+                scheduler.step()
+                t3 = time.perf_counter()
+                # 5. log
+                lengths = batch.rollout.lengths
+                counters["samples"] += len(batch.rollout)
+                counters["tokens"] += int(lengths.sum())
+                since_eval.append(float(batch.correct.mean()))
+                row = {
+                    "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std(unbiased=False)),
+                    "train/reward_correct_mean": float(batch.correct.mean()),
+                    "train/reward_format_mean": float(batch.fmt.mean()),
+                    "train/reward_overlong_mean": float(batch.overlong.mean()),
+                    "train/reward_kl_mean": float(kl_reward.mean()),
+                    "train/dead_group_frac": batch.group_stats["dead_frac"],
+                    "train/dead_all_correct_frac": batch.group_stats["dead_all_correct_frac"],
+                    "train/dead_all_wrong_frac": batch.group_stats["dead_all_wrong_frac"],
+                    "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
+                    "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * mask).sum() / mask.sum()),
+                    "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
+                    **{f"train/{k}": v for k, v in up.items()},
+                    "train/completion_len_mean": float(lengths.float().mean()),
+                    "train/completion_len_max": float(lengths.max()),
+                    "train/truncation_rate": float(batch.rollout.truncated.float().mean()),
+                    "train/lr": lr,
+                    "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
+                    "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
+                    "perf/generate_seconds": t1 - t0 - batch.reward_seconds, "perf/reward_seconds": batch.reward_seconds,
+                    "perf/logprob_seconds": t2 - t1, "perf/update_seconds": t3 - t2,
+                    "perf/gen_tokens_per_s": float(lengths.sum()) / max(batch.generate_seconds, 1e-9),
+                    "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9),
+                }
+                store.append("metrics", {"step": step, **row})
+                if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
+                    ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
+                    train_samples = [{"split": "train", "prompt": task.prompt_text(batch.problems[i // r.group_size], tokenizer),
+                                      "completion": batch.rollout.texts[i], "reward": float(rewards.flatten()[i]),
+                                      "advantage": float(adv[i]), "correct": bool(batch.correct.flatten()[i] >= 1)}
+                                     for i in range(0, min(len(adv), cfg.eval.num_samples_logged * r.group_size), r.group_size)]
+                    log_eval(store, step, ev, samples + train_samples, float(np.mean(since_eval)))
+                    since_eval = []
+                store.set_status("running", step)
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                    save_checkpoint()
+                bar.update(bar_task, completed=step,
+                           description=f"reward {row['train/reward_mean']:.3f} dead {row['train/dead_group_frac']:.2f}")
     store.set_status("completed", step)
     return "completed"
 

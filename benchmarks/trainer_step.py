@@ -178,9 +178,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--no-trl", action="store_true", help="ours and the floor only")
     ap.add_argument("--profile", action="store_true", help="cProfile our measured steps, print the top entries")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="ablate-bench-")
     path = model_dir(tmp)

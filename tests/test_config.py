@@ -71,6 +71,7 @@ def test_run_id_is_content_hash():
     a, b = parse({"seed": 1}), parse({"seed": 1})
     assert run_id(a) == run_id(b)
     assert run_id(a) != run_id(parse({"seed": 2}))
+    assert run_id(a) == run_id(parse({"seed": 1, "tracking": {"wandb": {"mode": "disabled"}}}))
     # a preset and the same explicit values resolve to the same run
     assert run_id(parse({"preset": "dr_grpo"})) == run_id(parse({"preset": "dr_grpo", **{"recipe": PRESETS["dr_grpo"]}}))
 

@@ -124,3 +124,47 @@ def test_refuses_to_overwrite_another_run(tmp_path):
     with pytest.raises(ValueError, match="holds another run"):
         trainer.train(toy("steps=3"), str(tmp_path), progress=False)
     assert json.loads((tmp_path / "status.json").read_text())["state"] == "completed"
+
+
+def test_preemption_signal_checkpoints_at_step_boundary(tmp_path, monkeypatch):
+    """SLURM's USR2 lands mid-step; the submitit-style handler runs only after the step, its checkpoint
+    is exactly at that boundary, and the resumed run matches an uninterrupted one step for step."""
+    import os
+    import signal
+
+    from ablate import preemption
+
+    cfg = toy("steps=10", "checkpoint_every=0", "eval.every=5")
+    whole = run(cfg, tmp_path / "whole")
+
+    seen = {}
+
+    def submitit_like_handler(signum, frame):  # what submitit does: checkpoint(), requeue, exit
+        seen["saved"] = preemption.save_now()
+        seen["step_at_signal"] = RunStore(tmp_path / "pre").status()["step"]
+        raise SystemExit(-1)
+
+    real_update, calls = trainer.update, {"n": 0}
+
+    def update_with_signal(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            os.kill(os.getpid(), signal.SIGUSR2)  # arrives in the middle of step 4
+        return real_update(*args, **kwargs)
+
+    previous = signal.signal(signal.SIGUSR2, submitit_like_handler)
+    monkeypatch.setattr(trainer, "update", update_with_signal)
+    try:
+        with pytest.raises(SystemExit):
+            trainer.train(cfg, str(tmp_path / "pre"), progress=False)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    monkeypatch.setattr(trainer, "update", real_update)
+    assert seen == {"saved": True, "step_at_signal": 4}  # handler ran after step 4 had been logged
+    store = RunStore(tmp_path / "pre")
+    assert store.load_checkpoint()["step"] == 4
+
+    resumed = run(cfg, tmp_path / "pre")
+    assert [r["step"] for r in resumed.read("metrics")] == list(range(1, 11))
+    assert strip_timing(resumed.read("metrics")) == strip_timing(whole.read("metrics"))
+    assert resumed.read("evals") == whole.read("evals")

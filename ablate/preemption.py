@@ -1,0 +1,66 @@
+"""Checkpoint at a step boundary when SLURM warns of a time limit or preemption.
+
+SLURM (through submitit, `--signal=USR2@90`) sends SIGUSR2 some time before it kills a job, and
+submitit's handler then calls our `Checkpointable.checkpoint()`. A signal can land in the middle of an
+optimizer step, where the model is half-updated, so while the trainer runs a step we hold the signal
+back and replay it to submitit's handler at the step boundary; `save_now()` (called from
+`checkpoint()`) then writes a consistent checkpoint, and the requeued job resumes exactly there.
+Process-global by nature (signals are), so this is a tiny module with module state.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+
+SIGNAL = signal.SIGUSR2
+_save: Callable[[], None] | None = None
+_pending: list[tuple] = []
+_in_step = False
+
+
+def save_now() -> bool:
+    """Write the running trainer's checkpoint; False when no trainer runs in this process."""
+    if _save is None:
+        return False
+    _save()
+    return True
+
+
+@contextmanager
+def guard(save: Callable[[], None]):
+    """Around the training loop: `save` writes a checkpoint of the state at the last step boundary."""
+    global _save
+    prev = signal.getsignal(SIGNAL)
+    active = callable(prev) and threading.current_thread() is threading.main_thread()
+
+    def hold(signum, frame):
+        if _in_step:
+            _pending.append((signum, frame))
+        else:
+            prev(signum, frame)
+
+    _save = save
+    if active:
+        signal.signal(SIGNAL, hold)
+    try:
+        yield
+    finally:
+        _save = None
+        if active:
+            signal.signal(SIGNAL, prev)
+
+
+@contextmanager
+def step():
+    """One training step: a warning signal that arrives meanwhile is delivered when the step ends."""
+    global _in_step
+    _in_step = True
+    try:
+        yield
+    finally:
+        _in_step = False
+    while _pending:
+        signal.getsignal(SIGNAL)(*_pending.pop(0))
