@@ -128,6 +128,12 @@ def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfi
     return total.view(shape), correct.view(shape), fmt.view(shape), over.view(shape)
 
 
+def greedy_rewards(policy, task, problems: list[Problem], r: RecipeConfig, tokenizer) -> torch.Tensor:
+    """ReMax's baseline: the task reward of one greedy decode per prompt, [B]."""
+    g = policy.sample([task.prompt_text(p, tokenizer) for p in problems], 1, 1.0, r.max_new_tokens, greedy=True)
+    return task_rewards(task, problems, g, r, 1)[0].flatten()
+
+
 def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunConfig, tokenizer) -> Batch:
     """Sample G completions for B prompts; with dynamic sampling keep only groups with reward spread,
     drawing new prompts until B live groups or `max_gen_rounds` rounds (DAPO)."""
@@ -257,6 +263,39 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
     return row, samples
 
 
+# --- logging helpers -------------------------------------------------------------------------------
+
+def step_metrics(batch: Batch, rewards, kl_reward, adv, mask, up: dict) -> dict[str, float]:
+    """The `train/*` metrics of one step (definitions in ablate/metrics.py)."""
+    lengths = batch.rollout.lengths
+    return {
+        "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std(unbiased=False)),
+        "train/reward_correct_mean": float(batch.correct.mean()),
+        "train/reward_format_mean": float(batch.fmt.mean()),
+        "train/reward_overlong_mean": float(batch.overlong.mean()),
+        "train/reward_kl_mean": float(kl_reward.mean()),
+        "train/dead_group_frac": batch.group_stats["dead_frac"],
+        "train/dead_all_correct_frac": batch.group_stats["dead_all_correct_frac"],
+        "train/dead_all_wrong_frac": batch.group_stats["dead_all_wrong_frac"],
+        "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
+        "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * mask).sum() / mask.sum()),
+        "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
+        **{f"train/{k}": v for k, v in up.items()},
+        "train/completion_len_mean": float(lengths.float().mean()),
+        "train/completion_len_max": float(lengths.max()),
+        "train/truncation_rate": float(batch.rollout.truncated.float().mean()),
+    }
+
+
+def train_samples(task, batch: Batch, rewards, adv, cfg: RunConfig, tokenizer) -> list[dict]:
+    """The first completion of the first few groups, with its reward and advantage."""
+    G = cfg.recipe.group_size
+    rows = range(0, min(len(adv), cfg.eval.num_samples_logged * G), G)
+    return [{"split": "train", "prompt": task.prompt_text(batch.problems[i // G], tokenizer),
+             "completion": batch.rollout.texts[i], "reward": float(rewards.flatten()[i]),
+             "advantage": float(adv[i]), "correct": bool(batch.correct.flatten()[i] >= 1)} for i in rows]
+
+
 # --- the loop --------------------------------------------------------------------------------------
 
 def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
@@ -329,11 +368,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 t0 = time.perf_counter()
                 # 1. rollout + reward (dynamic sampling inside)
                 batch = collect(policy, task, train_set, stream, cfg, tokenizer)
-                greedy_rewards = None
-                if r.baseline == "greedy":  # ReMax: one extra greedy decode per prompt
-                    g = policy.sample([task.prompt_text(p, tokenizer) for p in batch.problems], 1, 1.0,
-                                      r.max_new_tokens, greedy=True)
-                    greedy_rewards = task_rewards(task, batch.problems, g, r, 1)[0].flatten()
+                greedy = greedy_rewards(policy, task, batch.problems, r, tokenizer) if r.baseline == "greedy" else None
                 t1 = time.perf_counter()
                 # 2. behaviour and reference log-probs (only when used)
                 old_logp = sequence_logprobs(policy, batch.rollout, r.temperature) if needs_old_logp else None
@@ -348,7 +383,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 t2 = time.perf_counter()
                 # 3. advantages, one per completion, broadcast to its tokens
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
-                                         greedy_rewards=greedy_rewards).flatten().to(mask.device)
+                                         greedy_rewards=greedy).flatten().to(mask.device)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # 4. update
                 try:
@@ -364,38 +399,19 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 counters["samples"] += len(batch.rollout)
                 counters["tokens"] += int(lengths.sum())
                 since_eval.append(float(batch.correct.mean()))
-                row = {
-                    "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std(unbiased=False)),
-                    "train/reward_correct_mean": float(batch.correct.mean()),
-                    "train/reward_format_mean": float(batch.fmt.mean()),
-                    "train/reward_overlong_mean": float(batch.overlong.mean()),
-                    "train/reward_kl_mean": float(kl_reward.mean()),
-                    "train/dead_group_frac": batch.group_stats["dead_frac"],
-                    "train/dead_all_correct_frac": batch.group_stats["dead_all_correct_frac"],
-                    "train/dead_all_wrong_frac": batch.group_stats["dead_all_wrong_frac"],
-                    "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
-                    "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * mask).sum() / mask.sum()),
-                    "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
-                    **{f"train/{k}": v for k, v in up.items()},
-                    "train/completion_len_mean": float(lengths.float().mean()),
-                    "train/completion_len_max": float(lengths.max()),
-                    "train/truncation_rate": float(batch.rollout.truncated.float().mean()),
-                    "train/lr": lr,
-                    "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
-                    "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
-                    "perf/generate_seconds": t1 - t0 - batch.reward_seconds, "perf/reward_seconds": batch.reward_seconds,
-                    "perf/logprob_seconds": t2 - t1, "perf/update_seconds": t3 - t2,
-                    "perf/gen_tokens_per_s": float(lengths.sum()) / max(batch.generate_seconds, 1e-9),
-                    "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9),
-                }
+                row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), "train/lr": lr,
+                       "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
+                       "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
+                       "perf/generate_seconds": t1 - t0 - batch.reward_seconds,
+                       "perf/reward_seconds": batch.reward_seconds,
+                       "perf/logprob_seconds": t2 - t1, "perf/update_seconds": t3 - t2,
+                       "perf/gen_tokens_per_s": float(lengths.sum()) / max(batch.generate_seconds, 1e-9),
+                       "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9)}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
                     ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
-                    train_samples = [{"split": "train", "prompt": task.prompt_text(batch.problems[i // r.group_size], tokenizer),
-                                      "completion": batch.rollout.texts[i], "reward": float(rewards.flatten()[i]),
-                                      "advantage": float(adv[i]), "correct": bool(batch.correct.flatten()[i] >= 1)}
-                                     for i in range(0, min(len(adv), cfg.eval.num_samples_logged * r.group_size), r.group_size)]
-                    log_eval(store, step, ev, samples + train_samples, float(np.mean(since_eval)))
+                    samples += train_samples(task, batch, rewards, adv, cfg, tokenizer)
+                    log_eval(store, step, ev, samples, float(np.mean(since_eval)))
                     since_eval = []
                 store.set_status("running", step)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:

@@ -1,0 +1,409 @@
+"""Sweep specs: YAML -> a list of fully resolved, validated runs (pure; submits nothing).
+
+    spec = load_spec("sweeps/quickstart.yaml")   # structure, keys and value types checked
+    runs = expand(spec)                          # every run parsed + validated; duplicates collapsed
+
+Precedence when a run's config is built (lowest first): the base config file < `base.preset` <
+the arm's `preset` < `base.overrides` < the arm's other keys < grid / zip / include values < seed.
+Presets are defaults: any dotted key written in the spec beats every preset.
+docs/sweeps.md describes the format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ablate import config as C
+
+TOP_KEYS = ("name", "description", "base", "grid", "zip", "arms", "seeds", "exclude", "include",
+            "executor", "slurm_profile", "out")
+BASE_KEYS = ("config", "preset", "overrides")
+EXECUTOR_KEYS = {"name": str, "max_parallel": int, "timeout_min": (int, float), "signal_delay_s": int}
+EXECUTORS = ("local", "slurm", "debug")
+RULE_EXTRA_KEYS = ("arm", "seed")
+
+
+class SpecError(ValueError):
+    """A bad sweep spec; the message names the spec file and the key."""
+
+
+class SweepWarning(UserWarning):
+    """Something suspicious but not fatal (e.g. an exclude rule that matches nothing)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    config: C.RunConfig
+    arm: str | None
+    seed: int
+    toggles: dict[str, Any]  # the swept keys whose value differs across the sweep -> this run's value
+
+
+@dataclass
+class Sweep:
+    name: str
+    source: str                               # the spec file (for messages)
+    raw: dict                                 # the spec as written (copied into the manifest)
+    base: dict                                # base config data, presets materialised
+    base_preset: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)       # name -> {"preset"?, dotted: value}
+    axes: list[tuple[tuple[str, ...], list[tuple]]] = field(default_factory=list)  # (keys, value tuples)
+    seeds: list[int] | None = None
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+    include: list[dict[str, Any]] = field(default_factory=list)
+    executor: dict[str, Any] = field(default_factory=dict)
+    slurm_profile: Path | None = None
+    out: Path = Path("runs")
+
+
+# --- config-key helpers ------------------------------------------------------------------------------
+
+_HINTS: dict[type, dict] = {}
+
+
+def field_type(dotted: str) -> Any:
+    """The annotation of a dotted RunConfig field; KeyError if there is no such (leaf) field."""
+    tp: Any = C.RunConfig
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(tp):
+            raise KeyError(dotted)
+        hints = _HINTS.setdefault(tp, typing.get_type_hints(tp))
+        if part not in hints:
+            raise KeyError(dotted)
+        tp = hints[part]
+    if dataclasses.is_dataclass(tp):
+        raise KeyError(dotted)  # a section, not a field
+    return tp
+
+
+def _get(data: dict, dotted: str, default: Any = None) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return default
+        data = data[part]
+    return data
+
+
+def _with_preset(data: dict, preset: str) -> None:
+    data["preset"] = preset
+    data["recipe"] = {**(data.get("recipe") or {}), **C.PRESETS[preset]}
+
+
+# --- loading -----------------------------------------------------------------------------------------
+
+def load_spec(path: str | Path) -> Sweep:
+    """Read and check a spec file. Raises SpecError naming the file and the key."""
+    path = Path(path)
+    src = str(path)
+    if not path.is_file():
+        raise SpecError(f"{src}: no such sweep spec")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{src}: not valid YAML: {e}") from None
+    return parse_spec(raw, src, path.parent)
+
+
+def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Sweep:
+    """Check a spec given as plain data; `root` resolves `base.config` and `slurm_profile`."""
+    def err(key: str, msg: str) -> SpecError:
+        return SpecError(f"{source}: {key}: {msg}")
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            raise err(key, msg)
+
+    def check_value(key: str, dotted: str, value: Any) -> None:
+        try:
+            tp = field_type(dotted)
+        except KeyError:
+            raise err(key, f"{dotted!r} is not a config field (see ablate/config.py)") from None
+        try:
+            return C._coerce(value, tp, dotted, None)
+        except C.ConfigError as e:
+            raise err(key, f"wrong type: {e}") from None
+
+    def check_preset(key: str, value: Any) -> None:
+        need(value in C.PRESETS, key, f"unknown preset {value!r}; allowed: {', '.join(C.PRESETS)}")
+
+    need(isinstance(raw, dict), "(top level)", "expected a mapping")
+    for k in raw:
+        need(k in TOP_KEYS, str(k), f"unknown key; valid keys: {', '.join(TOP_KEYS)}")
+    name = raw.get("name")
+    need(isinstance(name, str) and name.strip() != "" and "/" not in name, "name",
+         "required: a non-empty string without '/'")
+    for k in ("description", "slurm_profile", "out"):
+        need(raw.get(k) is None or isinstance(raw[k], str), k, f"expected a string, got {raw.get(k)!r}")
+
+    # base: config file and/or preset, plus overrides
+    base_spec = raw.get("base") or {}
+    need(isinstance(base_spec, dict), "base", "expected a mapping with config / preset / overrides")
+    for k in base_spec:
+        need(k in BASE_KEYS, f"base.{k}", f"unknown key; valid keys: {', '.join(BASE_KEYS)}")
+    base: dict = {}
+    if base_spec.get("config") is not None:
+        need(isinstance(base_spec["config"], str), "base.config", "expected a path string")
+        cfg_path = root / base_spec["config"]
+        need(cfg_path.is_file(), "base.config", f"no such config file: {cfg_path}")
+        base = yaml.safe_load(cfg_path.read_text()) or {}
+        need(isinstance(base, dict), "base.config", f"{cfg_path}: expected a mapping")
+        if base.get("preset") is not None:
+            check_preset(f"base.config ({cfg_path}): preset", base["preset"])
+            base["recipe"] = {**C.PRESETS[base["preset"]], **(base.get("recipe") or {})}
+    base_preset = base_spec.get("preset")
+    if base_preset is not None:
+        check_preset("base.preset", base_preset)
+    overrides = base_spec.get("overrides") or {}
+    need(isinstance(overrides, dict), "base.overrides", "expected a mapping of dotted keys to values")
+    for k, v in overrides.items():
+        check_value(f"base.overrides.{k}", k, v)
+
+    # arms
+    arms = raw.get("arms") or {}
+    need(isinstance(arms, dict), "arms", "expected a mapping of arm name -> settings")
+    for arm, body in arms.items():
+        need(isinstance(body, dict), f"arms.{arm}", "expected a mapping (preset and/or dotted keys)")
+        for k, v in body.items():
+            if k == "preset":
+                check_preset(f"arms.{arm}.preset", v)
+            else:
+                check_value(f"arms.{arm}.{k}", k, v)
+
+    # axes: grid keys (one axis each) and zip groups (keys move together)
+    axes: list[tuple[tuple[str, ...], list[tuple]]] = []
+    seen: dict[str, str] = {}
+
+    def axis_values(key: str, dotted: str, values: Any) -> list:
+        need(dotted not in ("seed", "preset"), key, "use `seeds:` for seeds and `arms:` for presets")
+        need(isinstance(values, list), key, f"expected a list of values, got {values!r}")
+        need(len(values) > 0, key, "empty axis")
+        need(dotted not in seen, key, f"{dotted!r} is already swept by {seen.get(dotted)}")
+        seen[dotted] = key
+        return [check_value(f"{key}[{i}]", dotted, v) for i, v in enumerate(values)]
+
+    grid = raw.get("grid") or {}
+    need(isinstance(grid, dict), "grid", "expected a mapping of dotted key -> list of values")
+    for k, values in grid.items():
+        axes.append(((k,), [(v,) for v in axis_values(f"grid.{k}", k, values)]))
+    zips = raw.get("zip") or []
+    zips = [zips] if isinstance(zips, dict) else zips
+    need(isinstance(zips, list), "zip", "expected a list of groups (mappings of dotted key -> list)")
+    for g, group in enumerate(zips):
+        need(isinstance(group, dict) and group, f"zip[{g}]", "expected a non-empty mapping of key -> list")
+        cols = {k: axis_values(f"zip[{g}].{k}", k, v) for k, v in group.items()}
+        lengths = {k: len(v) for k, v in cols.items()}
+        need(len(set(lengths.values())) == 1, f"zip[{g}]",
+             "zipped lists must have equal length; got " + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+        axes.append((tuple(cols), list(zip(*cols.values()))))
+
+    # seeds
+    seeds = raw.get("seeds")
+    if seeds is not None:
+        need(isinstance(seeds, list) and len(seeds) > 0, "seeds", "expected a non-empty list of integers")
+        for i, s in enumerate(seeds):
+            need(isinstance(s, int) and not isinstance(s, bool), f"seeds[{i}]", f"expected an integer, got {s!r}")
+
+    # rules
+    def rules(kind: str) -> list[dict]:
+        items = raw.get(kind) or []
+        need(isinstance(items, list), kind, "expected a list of mappings")
+        items = [dict(r) if isinstance(r, dict) else r for r in items]
+        for i, rule in enumerate(items):
+            need(isinstance(rule, dict) and rule, f"{kind}[{i}]", "expected a non-empty mapping")
+            for k, v in rule.items():
+                key = f"{kind}[{i}].{k}"
+                if k == "arm":
+                    for a in (v if isinstance(v, list) else [v]):
+                        need(a in arms, key, f"unknown arm {a!r}; arms: {', '.join(arms) or '(none)'}")
+                elif k == "seed":
+                    need(kind == "exclude", key, "include runs take the sweep's seeds; no seed key here")
+                    for s in (v if isinstance(v, list) else [v]):
+                        need(isinstance(s, int) and not isinstance(s, bool), key, f"expected an integer, got {s!r}")
+                elif kind == "exclude" and isinstance(v, list) and typing.get_origin(field_type_or_none(k)) is not tuple:
+                    for j, item in enumerate(v):  # a list means "any of" (not for list-valued fields)
+                        check_value(f"{key}[{j}]", k, item)
+                elif kind == "include":
+                    rule[k] = check_value(key, k, v)
+                else:
+                    check_value(key, k, v)
+        return items
+
+    exclude, include = rules("exclude"), rules("include")
+
+    # executor settings and profile
+    executor = raw.get("executor") or {}
+    need(isinstance(executor, dict), "executor", "expected a mapping")
+    for k, v in executor.items():
+        need(k in EXECUTOR_KEYS, f"executor.{k}", f"unknown key; valid keys: {', '.join(EXECUTOR_KEYS)}")
+        need(isinstance(v, EXECUTOR_KEYS[k]) and not isinstance(v, bool), f"executor.{k}",
+             f"wrong type: {v!r}")
+    need(executor.get("name", "local") in EXECUTORS, "executor.name", f"expected one of {', '.join(EXECUTORS)}")
+    need(executor.get("max_parallel", 1) >= 1, "executor.max_parallel", "must be >= 1")
+    profile = None
+    if raw.get("slurm_profile"):
+        profile = root / raw["slurm_profile"]
+        need(profile.is_file(), "slurm_profile", f"no such profile file: {profile}")
+
+    return Sweep(name=name, source=source, raw=json.loads(json.dumps(raw)), base=base, base_preset=base_preset,
+                 overrides=overrides, arms=arms, axes=axes, seeds=seeds, exclude=exclude, include=include,
+                 executor=executor, slurm_profile=profile, out=Path(raw.get("out") or f"runs/{name}"))
+
+
+def field_type_or_none(dotted: str) -> Any:
+    try:
+        return field_type(dotted)
+    except KeyError:
+        return None
+
+
+# --- expansion ---------------------------------------------------------------------------------------
+
+def _attr(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return list(cfg) if isinstance(cfg, tuple) else cfg
+
+
+def _replace(cfg: Any, values: dict[str, Any]) -> Any:
+    """dataclasses.replace on dotted keys (values already type-checked)."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for k, v in values.items():
+        head, _, rest = k.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = v
+        else:
+            top[head] = v
+    top.update({h: _replace(getattr(cfg, h), sub) for h, sub in nested.items()})
+    return dataclasses.replace(cfg, **top)
+
+
+def _matches(rule: dict, values: dict, arm: str | None, cfg: C.RunConfig) -> bool:
+    for k, want in rule.items():
+        if k == "arm":
+            have = arm
+        else:
+            have = values[k] if k in values else _attr(cfg, k)
+            have = list(have) if isinstance(have, tuple) else have
+        options = want if isinstance(want, list) and not isinstance(have, list) else [want]
+        if have not in options:
+            return False
+    return True
+
+
+def _copy2(d: dict) -> dict:
+    """Copy the top two levels (enough: set_dotted replaces leaves, nothing is mutated in place)."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def _points(spec: Sweep):
+    """(arm, {dotted: value}, included) for every grid point, then every include entry."""
+    arm_names = list(spec.arms) or [None]
+    for arm in arm_names:
+        for combo in itertools.product(*(values for _, values in spec.axes)):
+            yield arm, {k: v for (keys, _), vals in zip(spec.axes, combo) for k, v in zip(keys, vals)}, False
+    for rule in spec.include:
+        arms = rule.get("arm", arm_names)
+        for arm in (arms if isinstance(arms, list) else [arms]):
+            yield arm, {k: v for k, v in rule.items() if k != "arm"}, True
+
+
+def _arm_configs(spec: Sweep) -> dict[str | None, C.RunConfig]:
+    """The type-checked (not yet validated) config each arm starts from: presets applied, then keys."""
+    out = {}
+    for arm, body in (spec.arms or {None: {}}).items():
+        d = _copy2(spec.base)
+        for preset in (spec.base_preset, body.get("preset")):
+            if preset:
+                d["preset"] = preset
+                d["recipe"] = {**(d.get("recipe") or {}), **C.PRESETS[preset]}
+        for k, v in [*spec.overrides.items(), *((k, v) for k, v in body.items() if k != "preset")]:
+            C.set_dotted(d, k, v)
+        try:
+            out[arm] = C._build(C.RunConfig, json.loads(json.dumps(d)), "", None)
+        except C.ConfigError as e:
+            raise SpecError(f"{spec.source}: {f'arms.{arm}' if arm else 'base'}: {e}") from None
+    return out
+
+
+def expand(spec: Sweep) -> list[RunSpec]:
+    """Every run of the sweep, resolved and validated (`config.validate`); runs with the same run id
+    collapse to the first. Raises SpecError listing every invalid run; warns (SweepWarning) on an
+    exclude rule that matches nothing. Equivalent to `config.parse` per run, without re-parsing."""
+    arm_cfgs = _arm_configs(spec)
+    arm_dicts = {a: C.to_dict(c) for a, c in arm_cfgs.items()}
+    seeds = spec.seeds if spec.seeds is not None else [None]
+    used = [False] * len(spec.exclude)
+    runs: dict[str, RunSpec] = {}
+    swept: dict[str, None] = {}
+    bad: dict[str, str] = {}
+    for arm, point, included in _points(spec):
+        swept.update(dict.fromkeys(point))
+        for seed in seeds:
+            values = point if seed is None else {**point, "seed": seed}
+            if not included and spec.exclude:
+                hit = [i for i, r in enumerate(spec.exclude) if _matches(r, values, arm, arm_cfgs[arm])]
+                for i in hit:
+                    used[i] = True
+                if hit:
+                    continue
+            d = _copy2(arm_dicts[arm])
+            for k, v in values.items():
+                C.set_dotted(d, k, list(v) if isinstance(v, tuple) else v)
+            rid = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+            if rid in runs or rid in bad:
+                continue
+            cfg = _replace(arm_cfgs[arm], values)
+            try:
+                C.validate(cfg)
+            except C.ConfigError as e:
+                where = ", ".join([f"arm={arm}"] * (arm is not None) + [f"{k}={v!r}" for k, v in values.items()])
+                bad[rid] = f"run ({where}): {str(e).replace(chr(10), chr(10) + '    ')}"
+                continue
+            runs[rid] = RunSpec(rid, cfg, arm, cfg.seed, {})
+    if bad:
+        raise SpecError(f"{spec.source}: {len(bad)} invalid run(s); nothing submitted:\n  - "
+                        + "\n  - ".join(bad.values()))
+    for i, used_i in enumerate(used):
+        if not used_i:
+            warnings.warn(f"{spec.source}: exclude[{i}]: rule {spec.exclude[i]} matches no run", SweepWarning,
+                          stacklevel=2)
+    first = next(iter(runs.values()), None)
+    assert first is None or C.run_id(first.config) == first.run_id, "run id drifted from config.run_id"
+    return _with_toggles(list(runs.values()), list(swept) + [k for a in spec.arms.values() for k in a if k != "preset"])
+
+
+def _with_toggles(runs: list[RunSpec], keys: list[str]) -> list[RunSpec]:
+    keys = list(dict.fromkeys(keys))
+    table = {k: [_attr(r.config, k) for r in runs] for k in keys}
+    varying = [k for k in keys if len({json.dumps(v) for v in table[k]}) > 1]
+    return [dataclasses.replace(r, toggles={k: table[k][i] for k in varying}) for i, r in enumerate(runs)]
+
+
+# --- plan --------------------------------------------------------------------------------------------
+
+def plan_table(runs: list[RunSpec], states: dict[str, str] | None = None):
+    """A rich Table: one row per run (id, arm, varying toggles, seed[, state])."""
+    from rich.table import Table
+
+    keys = list(dict.fromkeys(k for r in runs for k in r.toggles))
+    has_arm = any(r.arm for r in runs)
+    table = Table(title=f"{len(runs)} runs", show_lines=False)
+    for col in ["#", "run id"] + ["arm"] * has_arm + keys + ["seed"] + ["state"] * (states is not None):
+        table.add_column(col)
+    for i, r in enumerate(runs):
+        row = [str(i), r.run_id] + [r.arm or ""] * has_arm + [str(r.toggles.get(k, "")) for k in keys] + [str(r.seed)]
+        table.add_row(*row, *([states.get(r.run_id, "missing")] if states is not None else []))
+    return table

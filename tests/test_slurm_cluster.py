@@ -1,0 +1,150 @@
+"""Tests against the real one-node SLURM dev cluster (`slurm/dev-cluster start`, as root).
+
+They never skip silently: if the cluster is not reachable every test fails with a message saying
+how to start it. Deselect them with `-m "not slurm"` on machines without the cluster.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
+START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
+WAIT_S = 90
+
+
+def _run(*args: str) -> str:
+    res = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
+    return res.stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> None:
+    """Fail (not skip) every test with a clear hint when the dev cluster is not up."""
+    conf = STATE_DIR / "slurm.conf"
+    if "SLURM_CONF" not in os.environ and conf.exists() and not Path("/etc/slurm/slurm.conf").exists():
+        os.environ["SLURM_CONF"] = str(conf)  # inherited by sbatch/sacct and by submitit's subprocesses
+    if shutil.which("sinfo") is None:
+        pytest.fail(f"`sinfo` is not on PATH: {START_HINT}", pytrace=False)
+    try:
+        res = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {START_HINT}", pytrace=False)
+    states = res.stdout.split()
+    if res.returncode != 0 or not set(states) & {"idle", "mixed", "allocated"}:
+        pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {START_HINT}",
+                    pytrace=False)
+
+
+def sbatch(*args: str) -> str:
+    """Submit and return the job id (`--parsable` prints `id` or `id;cluster`)."""
+    return _run("sbatch", "--parsable", *args).strip().split(";")[0]
+
+
+def sacct(job_id: str) -> dict[str, dict[str, str]]:
+    """Allocation rows (no steps) of a job or array, keyed by JobID ('12' or '12_3')."""
+    out = _run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Start,End")
+    rows = {}
+    for line in out.splitlines():
+        jid, state, start, end = line.split("|")
+        rows[jid] = {"state": state, "start": start, "end": end}
+    return rows
+
+
+def wait_sacct(job_id: str, n: int = 1, timeout: float = WAIT_S) -> dict[str, dict[str, str]]:
+    """Poll sacct until `n` allocations of `job_id` are in a terminal state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = sacct(job_id)
+        if len(rows) == n and all(r["state"].split()[0] in TERMINAL for r in rows.values()):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not finished after {timeout}s: {rows}")
+        time.sleep(0.5)
+
+
+def squeue_state(job_id: str) -> tuple[str, str]:
+    """(state, reason) from squeue, ('', '') once the job has left the queue."""
+    out = _run("squeue", "-h", "-j", job_id, "-o", "%T|%r").strip()
+    return tuple(out.split("|")) if out else ("", "")  # type: ignore[return-value]
+
+
+def wait_squeue(job_id: str, state: str, timeout: float = WAIT_S) -> str:
+    deadline = time.monotonic() + timeout
+    while (cur := squeue_state(job_id))[0] != state:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not {state} after {timeout}s (now {cur})")
+        time.sleep(0.2)
+    return cur[1]
+
+
+def test_job_array_writes_outputs_and_sacct_completes(tmp_path: Path) -> None:
+    job = sbatch("--array=0-3", "-c", "1", f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%A_%a.out",
+                 "--wrap", 'echo "task $SLURM_ARRAY_TASK_ID" > "out_$SLURM_ARRAY_TASK_ID.txt"')
+    rows = wait_sacct(job, n=4)
+    assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
+    assert sorted(rows) == [f"{job}_{i}" for i in range(4)]
+    for i in range(4):
+        assert (tmp_path / f"out_{i}.txt").read_text() == f"task {i}\n"
+
+
+def test_two_one_cpu_jobs_overlap(tmp_path: Path) -> None:
+    # Needs select/cons_tres + CR_Core_Memory + DefMemPerCPU (else each job takes the whole node).
+    job = sbatch("--array=0-1", "-c", "1", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "sleep 4")
+    rows = wait_sacct(job, n=2)
+    assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
+    starts = [datetime.fromisoformat(r["start"]) for r in rows.values()]
+    ends = [datetime.fromisoformat(r["end"]) for r in rows.values()]
+    assert max(starts) < min(ends), f"1-CPU tasks ran one after another: {rows}"
+
+
+@pytest.mark.parametrize("when", ["pending", "running"])
+def test_scancel_shows_cancelled_in_sacct(tmp_path: Path, when: str) -> None:
+    extra = ["--begin=now+3600"] if when == "pending" else []
+    job = sbatch(*extra, f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", "sleep 300")
+    wait_squeue(job, when.upper())
+    _run("scancel", job)
+    rows = wait_sacct(job)
+    assert rows[job]["state"].startswith("CANCELLED"), rows
+
+
+def test_requeue_and_release(tmp_path: Path) -> None:
+    # First run sleeps; after requeue SLURM_RESTART_COUNT=1 and the job finishes at once.
+    script = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo "run $SLURM_RESTART_COUNT" > out.txt; else sleep 300; fi'
+    job = sbatch("--requeue", "--time=1", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", script)
+    wait_squeue(job, "RUNNING")
+    _run("scontrol", "requeue", job)
+    # A requeued job gets BeginTime = now + ~120 s; releasing it must not take that long.
+    reason = wait_squeue(job, "PENDING")
+    assert reason == "BeginTime", f"requeued job pending for {reason!r}, expected BeginTime"
+    t0 = time.monotonic()
+    _run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    rows = wait_sacct(job, timeout=60)
+    assert rows[job]["state"] == "COMPLETED", rows
+    assert time.monotonic() - t0 < 60
+    assert (tmp_path / "out.txt").read_text() == "run 1\n"
+
+
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+def test_submitit_roundtrip(tmp_path: Path) -> None:
+    submitit = pytest.importorskip("submitit")
+    # Fresh folder per test (tmp_path): job ids restart at 1 on a new cluster, and stale
+    # %j-named result files of an earlier cluster would be read back as this job's result.
+    executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
+    executor.update_parameters(slurm_partition="debug", timeout_min=5, cpus_per_task=1, mem_gb=1)
+    job = executor.submit(_add, 2, 3)
+    assert job.result() == 5
+    assert wait_sacct(job.job_id)[job.job_id]["state"] == "COMPLETED"
