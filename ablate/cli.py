@@ -46,5 +46,10 @@ def base_model(
     base_model_cli(str(out), seed)
 
 
+from ablate.cli_sweep import sweep_app  # noqa: E402
+
+app.add_typer(sweep_app, name="sweep")
+
+
 def main() -> None:  # console script entry point
     sys.exit(app())

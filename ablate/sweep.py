@@ -30,7 +30,6 @@ TOP_KEYS = ("name", "description", "base", "grid", "zip", "arms", "seeds", "excl
 BASE_KEYS = ("config", "preset", "overrides")
 EXECUTOR_KEYS = {"name": str, "max_parallel": int, "timeout_min": (int, float), "signal_delay_s": int}
 EXECUTORS = ("local", "slurm", "debug")
-RULE_EXTRA_KEYS = ("arm", "seed")
 
 
 class SpecError(ValueError):
@@ -88,17 +87,11 @@ def field_type(dotted: str) -> Any:
     return tp
 
 
-def _get(data: dict, dotted: str, default: Any = None) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, dict) or part not in data:
-            return default
-        data = data[part]
-    return data
-
-
-def _with_preset(data: dict, preset: str) -> None:
-    data["preset"] = preset
-    data["recipe"] = {**(data.get("recipe") or {}), **C.PRESETS[preset]}
+def _is_list_field(dotted: str) -> bool:
+    try:
+        return typing.get_origin(field_type(dotted)) is tuple
+    except KeyError:
+        return False
 
 
 # --- loading -----------------------------------------------------------------------------------------
@@ -125,7 +118,7 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         if not ok:
             raise err(key, msg)
 
-    def check_value(key: str, dotted: str, value: Any) -> None:
+    def check_value(key: str, dotted: str, value: Any) -> Any:
         try:
             tp = field_type(dotted)
         except KeyError:
@@ -231,7 +224,7 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
                     need(kind == "exclude", key, "include runs take the sweep's seeds; no seed key here")
                     for s in (v if isinstance(v, list) else [v]):
                         need(isinstance(s, int) and not isinstance(s, bool), key, f"expected an integer, got {s!r}")
-                elif kind == "exclude" and isinstance(v, list) and typing.get_origin(field_type_or_none(k)) is not tuple:
+                elif kind == "exclude" and isinstance(v, list) and not _is_list_field(k):
                     for j, item in enumerate(v):  # a list means "any of" (not for list-valued fields)
                         check_value(f"{key}[{j}]", k, item)
                 elif kind == "include":
@@ -259,13 +252,6 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
     return Sweep(name=name, source=source, raw=json.loads(json.dumps(raw)), base=base, base_preset=base_preset,
                  overrides=overrides, arms=arms, axes=axes, seeds=seeds, exclude=exclude, include=include,
                  executor=executor, slurm_profile=profile, out=Path(raw.get("out") or f"runs/{name}"))
-
-
-def field_type_or_none(dotted: str) -> Any:
-    try:
-        return field_type(dotted)
-    except KeyError:
-        return None
 
 
 # --- expansion ---------------------------------------------------------------------------------------
@@ -296,16 +282,26 @@ def _matches(rule: dict, values: dict, arm: str | None, cfg: C.RunConfig) -> boo
             have = arm
         else:
             have = values[k] if k in values else _attr(cfg, k)
-            have = list(have) if isinstance(have, tuple) else have
+            have = list(have) if isinstance(have, tuple) else have  # axis values of list fields are tuples
         options = want if isinstance(want, list) and not isinstance(have, list) else [want]
         if have not in options:
             return False
     return True
 
 
-def _copy2(d: dict) -> dict:
-    """Copy the top two levels (enough: set_dotted replaces leaves, nothing is mutated in place)."""
-    return {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+def _set(data: dict, dotted: str, value: Any) -> None:
+    """Copy-on-write set_dotted: copies the mappings on the path, so `data` may share the rest."""
+    *parents, last = dotted.split(".")
+    for p in parents:
+        data[p] = dict(data.get(p) or {})
+        data = data[p]
+    data[last] = list(value) if isinstance(value, tuple) else value
+
+
+def _fast_id(data: dict) -> str:
+    """config.run_id computed on the plain dict (checked against it per arm; see expand)."""
+    blob = json.dumps({k: v for k, v in data.items() if k != "tracking"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _points(spec: Sweep):
@@ -324,15 +320,16 @@ def _arm_configs(spec: Sweep) -> dict[str | None, C.RunConfig]:
     """The type-checked (not yet validated) config each arm starts from: presets applied, then keys."""
     out = {}
     for arm, body in (spec.arms or {None: {}}).items():
-        d = _copy2(spec.base)
+        d = json.loads(json.dumps(spec.base))
+        _set(d, "tracking.wandb.group", spec.name)  # W&B groups a sweep's runs (not part of the run id)
         for preset in (spec.base_preset, body.get("preset")):
             if preset:
                 d["preset"] = preset
                 d["recipe"] = {**(d.get("recipe") or {}), **C.PRESETS[preset]}
         for k, v in [*spec.overrides.items(), *((k, v) for k, v in body.items() if k != "preset")]:
-            C.set_dotted(d, k, v)
+            _set(d, k, v)
         try:
-            out[arm] = C._build(C.RunConfig, json.loads(json.dumps(d)), "", None)
+            out[arm] = C._build(C.RunConfig, d, "", None)
         except C.ConfigError as e:
             raise SpecError(f"{spec.source}: {f'arms.{arm}' if arm else 'base'}: {e}") from None
     return out
@@ -344,6 +341,7 @@ def expand(spec: Sweep) -> list[RunSpec]:
     exclude rule that matches nothing. Equivalent to `config.parse` per run, without re-parsing."""
     arm_cfgs = _arm_configs(spec)
     arm_dicts = {a: C.to_dict(c) for a, c in arm_cfgs.items()}
+    fast = all(_fast_id(arm_dicts[a]) == C.run_id(c) for a, c in arm_cfgs.items())  # else: config.run_id
     seeds = spec.seeds if spec.seeds is not None else [None]
     used = [False] * len(spec.exclude)
     runs: dict[str, RunSpec] = {}
@@ -359,13 +357,18 @@ def expand(spec: Sweep) -> list[RunSpec]:
                     used[i] = True
                 if hit:
                     continue
-            d = _copy2(arm_dicts[arm])
-            for k, v in values.items():
-                C.set_dotted(d, k, list(v) if isinstance(v, tuple) else v)
-            rid = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+            cfg = None
+            if fast:
+                d = dict(arm_dicts[arm])
+                for k, v in values.items():
+                    _set(d, k, v)
+                rid = _fast_id(d)
+            else:
+                cfg = _replace(arm_cfgs[arm], values)
+                rid = C.run_id(cfg)
             if rid in runs or rid in bad:
                 continue
-            cfg = _replace(arm_cfgs[arm], values)
+            cfg = cfg or _replace(arm_cfgs[arm], values)
             try:
                 C.validate(cfg)
             except C.ConfigError as e:
@@ -380,8 +383,6 @@ def expand(spec: Sweep) -> list[RunSpec]:
         if not used_i:
             warnings.warn(f"{spec.source}: exclude[{i}]: rule {spec.exclude[i]} matches no run", SweepWarning,
                           stacklevel=2)
-    first = next(iter(runs.values()), None)
-    assert first is None or C.run_id(first.config) == first.run_id, "run id drifted from config.run_id"
     return _with_toggles(list(runs.values()), list(swept) + [k for a in spec.arms.values() for k in a if k != "preset"])
 
 
@@ -390,20 +391,3 @@ def _with_toggles(runs: list[RunSpec], keys: list[str]) -> list[RunSpec]:
     table = {k: [_attr(r.config, k) for r in runs] for k in keys}
     varying = [k for k in keys if len({json.dumps(v) for v in table[k]}) > 1]
     return [dataclasses.replace(r, toggles={k: table[k][i] for k in varying}) for i, r in enumerate(runs)]
-
-
-# --- plan --------------------------------------------------------------------------------------------
-
-def plan_table(runs: list[RunSpec], states: dict[str, str] | None = None):
-    """A rich Table: one row per run (id, arm, varying toggles, seed[, state])."""
-    from rich.table import Table
-
-    keys = list(dict.fromkeys(k for r in runs for k in r.toggles))
-    has_arm = any(r.arm for r in runs)
-    table = Table(title=f"{len(runs)} runs", show_lines=False)
-    for col in ["#", "run id"] + ["arm"] * has_arm + keys + ["seed"] + ["state"] * (states is not None):
-        table.add_column(col)
-    for i, r in enumerate(runs):
-        row = [str(i), r.run_id] + [r.arm or ""] * has_arm + [str(r.toggles.get(k, "")) for k in keys] + [str(r.seed)]
-        table.add_row(*row, *([states.get(r.run_id, "missing")] if states is not None else []))
-    return table

@@ -301,6 +301,8 @@ def train_samples(task, batch: Batch, rewards, adv, cfg: RunConfig, tokenizer) -
 def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
     """Train `cfg` into the run folder `out_dir` (resuming from its checkpoint if any); returns the final
     state: completed, diverged or failed (failed also re-raises)."""
+    from ablate.tracking import open_mirrors
+
     store = RunStore(out_dir)
     existing = store.read_config()
     if existing is not None and existing.get("run_id") != run_id(cfg):
@@ -311,13 +313,18 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
     store.write_config(cfg)
     device = resolve_device(cfg.device)
     store.write_provenance(cfg, str(device))
-    store.set_status("running", (status or {}).get("step", 0))
+    store.mirrors = open_mirrors(cfg, store.root)  # W&B (docs/tracking.md); [] when disabled
+    state = "failed"
     try:
-        return _train(cfg, store, device, progress)
+        store.set_status("running", (status or {}).get("step", 0))
+        state = _train(cfg, store, device, progress)
+        return state
     except BaseException as err:
         step = (store.status() or {}).get("step", 0)
         store.set_status("failed", step, "".join(traceback.format_exception(err)))
         raise
+    finally:
+        store.close(state)  # every exit path: completed, diverged, failed (incl. preemption exits)
 
 
 def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool) -> str:

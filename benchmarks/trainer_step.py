@@ -1,42 +1,47 @@
 """One GRPO trainer step on the tiny model, CPU fp32: ours vs TRL's GRPOTrainer vs the bare-compute floor.
 
-    python benchmarks/trainer_step.py [--steps 10] [--warmup 2] [--profile]
+    python benchmarks/trainer_step.py [--steps 10] [--warmup 2] [--threads 1] [--no-trl] [--profile]
 
-Setting (every contender): 16 prompts x G=8 = 128 completions, exactly 16 new tokens each (2048 generated and
-2048 trained tokens per step), fp32, KL off (beta 0), one optimizer step (AdamW, grad clip 1.0) per rollout.
-Forcing 16 tokens: ours treats EOS as an ordinary token (`policy.eos_id = -1`: no row ever stops); TRL gets
-`min_new_tokens=16` (its generate() masks EOS until token 16). Both counts are checked every step.
-
-To time the three under the same machine load, they are interleaved: TRL drives the loop and, from its
-`on_step_end` callback, one step of ours and one floor step run; a TRL step is timed from the callback's
-return to its next `on_step_end` (everything TRL does for a step: data, generate, reward, loss, optimizer).
-Figures are medians over `--steps` steps after `--warmup` warm-up steps.
+All contenders: 16 prompts x G=8, exactly 16 new tokens per row (2048 generated = 2048 trained tokens a step,
+checked every step), fp32, KL off, one AdamW step (grad clip 1) per rollout. Ours treats EOS as an ordinary
+token (`policy.eos_id = -1`); TRL gets `min_new_tokens=16` (generate() masks EOS until token 16).
+Same load for all: TRL drives the loop and its `on_step_end` callback runs one step of ours and one floor step;
+a TRL step is timed from that callback's return to its next `on_step_end`. Medians after `--warmup` steps.
+Threads default to 1 (`--threads 0`: torch's default): on a ~1M model two OpenMP threads on a shared 2-core
+box mostly measure scheduler contention (4-7x slower when another job holds a core).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import os
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+warnings.filterwarnings("ignore", category=FutureWarning)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import torch
+import torch.nn.functional as F
+import transformers
+from rich.console import Console
+from rich.table import Table
 
-from ablate.advantages import compute_advantages  # noqa: E402
-from ablate.config import parse  # noqa: E402
-from ablate.tasks import make_task  # noqa: E402
-from ablate.trainer import PromptStream, build_policy, collect, make_optimizer, sequence_logprobs, update  # noqa: E402
+from ablate.advantages import compute_advantages
+from ablate.config import parse
+from ablate.models import build_base_model, load_model, load_tokenizer
+from ablate.tasks import make_task
+from ablate.trainer import PromptStream, build_policy, collect, make_optimizer, sequence_logprobs, update
 
 B, G, T = 16, 8, 16
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +50,6 @@ REPO = Path(__file__).resolve().parents[1]
 def model_dir(tmp: str) -> str:
     if (REPO / "models/tiny-arith/config.json").is_file():
         return str(REPO / "models/tiny-arith")
-    from ablate.models import build_base_model
     build_base_model(Path(tmp) / "tiny", steps=40, progress=False)  # quality is irrelevant to timing
     return str(Path(tmp) / "tiny")
 
@@ -63,9 +67,7 @@ class Ours:
         self.policy.eos_id = -1  # EOS becomes an ordinary token: all 128 rows run the full 16 tokens
         self.opt, self.sched = make_optimizer(self.policy.module, self.cfg)
         self.stream = PromptStream(len(self.train), self.cfg.seed)
-        r = self.cfg.recipe
-        self.needs_old = r.update_epochs > 1 or r.minibatches > 1  # the trainer's rule with KL off
-        self.last = None
+        self.needs_old = self.cfg.recipe.update_epochs > 1 or self.cfg.recipe.minibatches > 1  # trainer's rule, KL off
 
     def step(self) -> dict[str, float]:
         r, cfg = self.cfg.recipe, self.cfg
@@ -135,8 +137,6 @@ def run_trl(path: str, tmp: str, task, train, n_steps: int, between):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from ablate.models import load_model, load_tokenizer
-
     tokens: list[int] = []
 
     def reward(prompts, completions, completion_ids, pid, **_):
@@ -144,8 +144,7 @@ def run_trl(path: str, tmp: str, task, train, n_steps: int, between):
         return [task.train_score(train[i], c) for i, c in zip(pid, completions)]
 
     class Clock(TrainerCallback):
-        def __init__(self):
-            self.resume, self.times = None, []
+        resume, times = None, []
 
         def on_step_end(self, args, state, control, **kw):
             if self.resume is not None:
@@ -159,13 +158,13 @@ def run_trl(path: str, tmp: str, task, train, n_steps: int, between):
         loss_type="grpo", scale_rewards="group", temperature=1.0, top_p=1.0, top_k=0, num_iterations=1,
         learning_rate=2e-4, lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0,
         use_vllm=False, gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True, report_to="none",
-        logging_strategy="no", save_strategy="no", disable_tqdm=True, max_steps=n_steps, seed=0,
-        dataloader_num_workers=0)
+        logging_strategy="no", save_strategy="no", disable_tqdm=True, max_steps=n_steps, seed=0)
     data = Dataset.from_list([{"prompt": task.prompt_text(p, None), "pid": i} for i, p in enumerate(train)])
     clock = Clock()
     trainer = GRPOTrainer(model=load_model(path), reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=load_tokenizer(path), callbacks=[clock])
-    trainer.train()
+    with contextlib.redirect_stdout(io.StringIO()):  # the end-of-training metrics dict
+        trainer.train()
     assert set(tokens) == {B * G * T}, f"TRL generated {set(tokens)} tokens per step, expected {B * G * T}"
     return clock.times
 
@@ -178,34 +177,30 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--no-trl", action="store_true", help="ours and the floor only")
     ap.add_argument("--profile", action="store_true", help="cProfile our measured steps, print the top entries")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="ablate-bench-")
+    __import__("atexit").register(__import__("shutil").rmtree, tmp, True)  # the built model, TRL's output dir
     path = model_dir(tmp)
     ours = Ours(path)
     ours.step()  # also gives the floor its token batch
     floor = Floor(ours.policy.module, ours.last)
-    rows_ours, rows_floor, prof = [], [], None
-    if a.profile:
-        import cProfile
-        prof = cProfile.Profile()
+    rows_ours, rows_floor, prof = [], [], __import__("cProfile").Profile()
 
     def between():  # one step of ours then one floor step, interleaved with TRL's steps
-        warm = len(rows_ours) < a.warmup
-        if prof is not None and not warm:
-            prof.enable()
+        on = a.profile and len(rows_ours) >= a.warmup
+        prof.enable() if on else None
         rows_ours.append(ours.step())
-        if prof is not None and not warm:
-            prof.disable()
+        prof.disable() if on else None
         rows_floor.append(floor.step())
 
-    total = a.warmup + a.steps
-    trl_times = None
+    total, trl_times = a.warmup + a.steps, None
     if a.no_trl:
         for _ in range(total):
             between()
@@ -214,12 +209,12 @@ def main():
     rows_ours, rows_floor = rows_ours[a.warmup:], rows_floor[a.warmup:]
 
     ours_s, floor_s = med(rows_ours, "total"), med(rows_floor, "total")
-    con = Console()
+    con = Console(width=120)
     t = Table(title=f"GRPO step, tiny Llama ({sum(p.numel() for p in ours.policy.module.parameters()):,} params), "
                     f"{B} prompts x G={G}, {T} new tokens, fp32, KL off - median of {a.steps} steps")
     for col in ("contender", "generate", "reward", "log-probs", "update", "step (s)", "tok/step"):
         t.add_column(col, justify="left" if col == "contender" else "right")
-    f = lambda x: f"{x:.4f}"  # noqa: E731
+    f = lambda x: f"{x:.4f}"
     t.add_row("ours (ablate.trainer)", *(f(med(rows_ours, k)) for k in ("generate", "reward", "log-probs", "update")),
               f(ours_s), str(rows_ours[0]["tokens"]))
     t.add_row("floor (bare compute)", f(med(rows_floor, "generate")), "-", "-", f(med(rows_floor, "update")),
@@ -227,10 +222,8 @@ def main():
     if trl_times:
         t.add_row("TRL GRPOTrainer", "", "", "", "", f(statistics.median(trl_times)), str(B * G * T))
     con.print(t)
-    ratios = Table(title="ratios (median step times)")
-    for col in ("ratio", "value", "target", "ok"):
-        ratios.add_column(col)
-    ok = lambda v, tgt: "[green]yes[/]" if v <= tgt else "[red]no[/]"  # noqa: E731
+    ratios = Table("ratio", "value", "target", "ok", title="ratios (median step times)")
+    ok = lambda v, tgt: "[green]yes[/]" if v <= tgt else "[red]no[/]"
     if trl_times:
         v = ours_s / statistics.median(trl_times)
         ratios.add_row("ours / TRL", f"{v:.3f}", "<= 0.80", ok(v, 0.8))
@@ -239,22 +232,17 @@ def main():
     for k in ("generate", "update"):
         ratios.add_row(f"  {k}: ours / floor", f"{med(rows_ours, k) / med(rows_floor, k):.3f}", "", "")
     con.print(ratios)
-    import transformers
+    con.print("log-probs = 0: one on-policy update per rollout (ratio 1), so the trainer skips the old-log-prob "
+              "pass (TRL skips it too at num_iterations=1).")
+    trl = sys.modules.get("trl")
     env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "interop": torch.get_num_interop_threads(),
-           "cpus": os.cpu_count(), "transformers": transformers.__version__, "load": os.getloadavg()[0]}
-    try:
-        import trl
-        env["trl"] = trl.__version__
-    except ImportError:
-        env["trl"] = "not installed"
+           "cpus": os.cpu_count(), "transformers": transformers.__version__, "trl": getattr(trl, "__version__", "-"),
+           "load(1m)": f"{os.getloadavg()[0]:.2f}"}
     con.print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    con.print("spread (min..max step s): ours %.4f..%.4f, floor %.4f..%.4f%s" % (
-        min(r["total"] for r in rows_ours), max(r["total"] for r in rows_ours),
-        min(r["total"] for r in rows_floor), max(r["total"] for r in rows_floor),
-        f", TRL {min(trl_times):.4f}..{max(trl_times):.4f}" if trl_times else ""))
-    if prof is not None:
-        import pstats
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    spread = {"ours": [r["total"] for r in rows_ours], "floor": [r["total"] for r in rows_floor], "TRL": trl_times}
+    con.print("spread (min..max s): " + ", ".join(f"{k} {min(v):.3f}..{max(v):.3f}" for k, v in spread.items() if v))
+    if a.profile:
+        __import__("pstats").Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ WAIT_S = 90
 
 
 def _run(*args: str) -> str:
-    res = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    res = subprocess.run(args, check=False, capture_output=True, text=True, timeout=30)
     if res.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
     return res.stdout
@@ -37,13 +37,14 @@ def cluster() -> None:
     if shutil.which("sinfo") is None:
         pytest.fail(f"`sinfo` is not on PATH: {START_HINT}", pytrace=False)
     try:
-        res = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+        res = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, capture_output=True, text=True, timeout=20)
     except subprocess.TimeoutExpired:
         pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {START_HINT}", pytrace=False)
     states = res.stdout.split()
     if res.returncode != 0 or not set(states) & {"idle", "mixed", "allocated"}:
-        pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {START_HINT}",
-                    pytrace=False)
+        pytest.fail(
+            f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {START_HINT}", pytrace=False
+        )
 
 
 def sbatch(*args: str) -> str:
@@ -89,8 +90,15 @@ def wait_squeue(job_id: str, state: str, timeout: float = WAIT_S) -> str:
 
 
 def test_job_array_writes_outputs_and_sacct_completes(tmp_path: Path) -> None:
-    job = sbatch("--array=0-3", "-c", "1", f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%A_%a.out",
-                 "--wrap", 'echo "task $SLURM_ARRAY_TASK_ID" > "out_$SLURM_ARRAY_TASK_ID.txt"')
+    job = sbatch(
+        "--array=0-3",
+        "-c",
+        "1",
+        f"--chdir={tmp_path}",
+        f"--output={tmp_path}/slurm-%A_%a.out",
+        "--wrap",
+        'echo "task $SLURM_ARRAY_TASK_ID" > "out_$SLURM_ARRAY_TASK_ID.txt"',
+    )
     rows = wait_sacct(job, n=4)
     assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
     assert sorted(rows) == [f"{job}_{i}" for i in range(4)]
@@ -120,13 +128,18 @@ def test_scancel_shows_cancelled_in_sacct(tmp_path: Path, when: str) -> None:
 
 def test_requeue_and_release(tmp_path: Path) -> None:
     # First run sleeps; after requeue SLURM_RESTART_COUNT=1 and the job finishes at once.
-    script = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo "run $SLURM_RESTART_COUNT" > out.txt; else sleep 300; fi'
+    script = (
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo "run $SLURM_RESTART_COUNT" > out.txt; else sleep 300; fi'
+    )
     job = sbatch("--requeue", "--time=1", f"--chdir={tmp_path}", "--output=/dev/null", "--wrap", script)
     wait_squeue(job, "RUNNING")
     _run("scontrol", "requeue", job)
     # A requeued job gets BeginTime = now + ~120 s; releasing it must not take that long.
     reason = wait_squeue(job, "PENDING")
     assert reason == "BeginTime", f"requeued job pending for {reason!r}, expected BeginTime"
+    # Not within the same second as the kill: slurmd revokes the old job credential with 1 s
+    # resolution, and a relaunch in that second fails ("Job credential revoked" -> FAILED).
+    time.sleep(2)
     t0 = time.monotonic()
     _run("scontrol", "update", f"JobId={job}", "StartTime=now")
     rows = wait_sacct(job, timeout=60)
@@ -135,16 +148,16 @@ def test_requeue_and_release(tmp_path: Path) -> None:
     assert (tmp_path / "out.txt").read_text() == "run 1\n"
 
 
-def _add(a: int, b: int) -> int:
-    return a + b
-
-
 def test_submitit_roundtrip(tmp_path: Path) -> None:
     submitit = pytest.importorskip("submitit")
     # Fresh folder per test (tmp_path): job ids restart at 1 on a new cluster, and stale
     # %j-named result files of an earlier cluster would be read back as this job's result.
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
     executor.update_parameters(slurm_partition="debug", timeout_min=5, cpus_per_task=1, mem_gb=1)
-    job = executor.submit(_add, 2, 3)
+
+    def add(a: int, b: int) -> int:  # local function: cloudpickled by value (tests/ is not importable in the job)
+        return a + b
+
+    job = executor.submit(add, 2, 3)
     assert job.result() == 5
     assert wait_sacct(job.job_id)[job.job_id]["state"] == "COMPLETED"

@@ -1,0 +1,190 @@
+"""`ablate sweep plan | run | status | cancel` (mounted by ablate/cli.py as `app.add_typer(sweep_app, name="sweep")`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+sweep_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Grid sweeps over recipe toggles x seeds (docs/sweeps.md).")
+console = Console()
+
+
+def _load(spec: Path, out: Path | None = None):
+    """Spec -> (sweep, runs); a bad spec or any invalid run exits 2 with the message, writing nothing."""
+    from ablate.sweep import SpecError, SweepWarning, expand, load_spec
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SweepWarning)
+            sweep = load_spec(spec)
+            runs = expand(sweep)
+    except SpecError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    for w in caught:
+        typer.secho(f"warning: {w.message}", fg="yellow", err=True)
+    if out is not None:
+        sweep.out = out
+    return sweep, runs
+
+
+def plan_table(runs, states: dict[str, str] | None = None) -> Table:
+    """One row per run: id, arm, the toggles that vary, seed (and the current state, if known)."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.toggles))
+    has_arm = any(r.arm for r in runs)
+    table = Table(title=f"{len(runs)} runs")
+    for col in ["#", "run id"] + ["arm"] * has_arm + keys + ["seed"] + ["state"] * (states is not None):
+        table.add_column(col)
+    for i, r in enumerate(runs):
+        row = [str(i), r.run_id] + [r.arm or ""] * has_arm + [str(r.toggles.get(k, "")) for k in keys] + [str(r.seed)]
+        table.add_row(*row, *([states.get(r.run_id, "missing")] if states is not None else []))
+    return table
+
+
+@sweep_app.command()
+def plan(spec: Path = typer.Argument(..., help="sweep spec YAML"),
+         out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)")):
+    """Print every run of the sweep (id, toggles, seed); submits nothing."""
+    from ablate.launch import MANIFEST, sweep_status
+
+    sweep, runs = _load(spec, out)
+    states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
+    console.print(plan_table(runs, states))
+    console.print(f"runs root: {sweep.out}")
+
+
+@sweep_app.command()
+def run(spec: Path = typer.Argument(..., help="sweep spec YAML"),
+        executor: str | None = typer.Option(None, "--executor", help="local | slurm | debug (default: spec, else local)"),
+        profile: Path | None = typer.Option(None, "--profile", help="SLURM profile YAML (slurm/profiles/X.yaml)"),
+        max_parallel: int | None = typer.Option(None, "--max-parallel", help="local: processes; slurm: array parallelism"),
+        out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)"),
+        quiet: bool = typer.Option(False, "--quiet", help="no live progress view")):
+    """Submit the runs that are failed, cancelled or missing; completed runs are skipped."""
+    from ablate.launch import launch, sweep_status
+    from ablate.sweep import SpecError
+
+    if executor not in (None, "local", "slurm", "debug"):
+        typer.secho(f"error: --executor {executor!r}: expected local, slurm or debug", fg="red", err=True)
+        raise typer.Exit(2)
+    sweep, runs = _load(spec, out)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        res = launch(sweep, runs, executor, profile, max_parallel, view=None if quiet else SweepView)
+    except SpecError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    console.print(f"{len(runs)} runs: {len(res['submitted'])} submitted, {len(res['skipped'])} already finished, "
+                  f"{len(res['active'])} still active -> {sweep.out}")
+    rows = sweep_status(sweep.out)
+    bad = [r for r in rows if r["run_id"] in res["submitted"] and r["state"] in ("failed", "cancelled")]
+    _counts(rows)
+    raise typer.Exit(1 if bad else 0)
+
+
+def _counts(rows) -> None:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    console.print("  ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+
+
+@sweep_app.command()
+def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)"),
+           as_json: bool = typer.Option(False, "--json", help="machine-readable rows")):
+    """Counts and per-run state (run store + scheduler)."""
+    from ablate.launch import sweep_status
+
+    try:
+        rows = sweep_status(runs_dir)
+    except FileNotFoundError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r["toggles"]))
+    table = Table(title=str(runs_dir))
+    for col in ["run id", "arm", *keys, "seed", "state", "step", "job", "scheduler", "error"]:
+        table.add_column(col)
+    for r in rows:
+        err = (r["error"] or "").strip().splitlines()
+        table.add_row(r["run_id"], r["arm"] or "", *[str(r["toggles"].get(k, "")) for k in keys], str(r["seed"]),
+                      r["state"], f"{r['step']}/{r['steps']}", r["job_id"] or "", r["scheduler"] or "",
+                      err[-1][:60] if err else "")
+    console.print(table)
+    _counts(rows)
+
+
+@sweep_app.command()
+def cancel(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)")):
+    """Stop the sweep's active jobs and mark every unfinished run `cancelled`."""
+    from ablate.launch import cancel as do_cancel
+
+    try:
+        ids = do_cancel(runs_dir)
+    except FileNotFoundError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    console.print(f"cancelled {len(ids)} run(s)")
+# --- live view (local executor) ----------------------------------------------------------------------
+
+def _last_row(path: Path) -> dict:
+    """The last complete line of a JSONL file, reading only its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return {}
+
+
+class SweepView:
+    """A rich progress view read from the run folders: one bar for the sweep, one per active run."""
+
+    def __init__(self, out: Path, runs, enabled: bool = True):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from ablate.store import RunStore
+
+        self.store = RunStore
+        self.out, self.runs = out, {r.run_id: r for r in runs}
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), disable=not enabled)
+        self.total = self.progress.add_task(f"[bold]sweep {out.name}", total=len(runs), info="")
+        self.bars: dict[str, int] = {}
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def update(self, active: list[str], done: int) -> None:
+        for rid in [r for r in self.bars if r not in active]:
+            self.progress.remove_task(self.bars.pop(rid))
+        for rid in active:
+            r = self.runs[rid]
+            if rid not in self.bars:
+                label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in r.toggles.items())
+                self.bars[rid] = self.progress.add_task(f"{rid} {r.arm or ''} {label} s{r.seed}",
+                                                        total=r.config.steps, info="")
+            st = self.store(self.out / rid).status() or {}
+            reward = _last_row(self.out / rid / "metrics.jsonl").get("train/reward_mean")
+            self.progress.update(self.bars[rid], completed=st.get("step", 0),
+                                 info=f"reward {reward:.3f}" if reward is not None else "starting")
+        self.progress.update(self.total, completed=done, info=f"{len(active)} running")

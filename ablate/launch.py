@@ -1,0 +1,390 @@
+"""Run a sweep's runs through submitit, follow them, cancel them.
+
+    launch(sweep, runs)              # local (default; foreground, <= max_parallel processes, live view),
+                                     # debug (in-process, one by one) or slurm (ONE job array, returns at once)
+    sweep_status(out)                # per run: run-store state + scheduler state -> effective state
+    cancel(out)                      # stop active jobs, mark unfinished runs `cancelled`
+
+The run store is the source of truth; `<out>/manifest.json` adds what only the launcher knows (the
+spec, which run went to which job, when). Every submitted callable is a `TrainJob`; submitit's logs
+and pickles live in `<out>/.submitit/<submission>/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import submitit
+import yaml
+
+from ablate.store import RunStore, atomic_write
+from ablate.sweep import RunSpec, SpecError, Sweep
+
+MANIFEST = "manifest.json"
+SKIP = ("completed", "diverged", "pruned")        # finished: never resubmitted
+RESUBMIT = ("failed", "cancelled", "missing")
+ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "PREEMPTED")
+PROFILE_KEYS = {"partition": str, "time": (int, str), "gpus": int, "cpus": int, "mem": (int, str), "account": str,
+                "qos": str, "constraint": str, "setup": list, "array_parallelism": int, "signal_delay_s": int,
+                "additional": dict}
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# --- the submitted callable --------------------------------------------------------------------------
+
+class TrainJob(submitit.helpers.Checkpointable):
+    """Train one run into its run folder. On SLURM's warning signal submitit calls `checkpoint()` (at a
+    step boundary, see ablate/preemption.py): the trainer's state is saved to the run folder and the
+    requeued job is a fresh TrainJob with the same arguments, which resumes from that checkpoint."""
+
+    def __init__(self, cfg_dict: dict, run_dir: str, threads: int | None = None):
+        self.cfg_dict, self.run_dir, self.threads = cfg_dict, str(run_dir), threads
+
+    def __call__(self) -> str:
+        import torch
+
+        from ablate.config import parse
+        from ablate.trainer import train
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        _note_worker()
+        return train(parse(self.cfg_dict), self.run_dir, progress=False)
+
+    def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
+        from ablate import preemption
+
+        preemption.save_now()
+        return submitit.helpers.DelayedSubmission(TrainJob(self.cfg_dict, self.run_dir, self.threads))
+
+
+def _note_worker() -> None:
+    """<submitit folder>/<job id>_worker.json: where this run's process lives (for status and tests)."""
+    if "SUBMITIT_FOLDER" not in os.environ:  # in-process (debug executor) or not under submitit
+        return
+    env = submitit.JobEnvironment()
+    info = {"pid": os.getpid(), "host": env.hostname, "job_id": env.job_id, "started": time.time()}
+    path = Path(env.paths.folder) / f"{env.job_id}_worker.json"
+    atomic_write(path, lambda f: f.write(json.dumps(info).encode()))
+
+
+def _importable() -> None:
+    """Workers run `python -m submitit...` (inheriting our environment): let them import `ablate` anywhere."""
+    root, paths = str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")
+    if root not in paths.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, paths]))
+
+
+# --- manifest ----------------------------------------------------------------------------------------
+
+def read_manifest(out: str | Path) -> dict | None:
+    p = Path(out) / MANIFEST
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    manifest["updated"] = time.time()
+    atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+
+
+def _manifest_for(sweep: Sweep, runs: list[RunSpec]) -> dict:
+    m = read_manifest(sweep.out) or {"name": sweep.name, "created": time.time(), "runs": {}}
+    m.update(spec_path=sweep.source, spec=sweep.raw)
+    for r in runs:
+        entry = m["runs"].setdefault(r.run_id, {"jobs": []})
+        entry.update(arm=r.arm, seed=r.seed, toggles=r.toggles, steps=r.config.steps)
+    return m
+
+
+def _record(m: dict, run_id: str, executor: str, job_id: str, folder: Path, out: Path) -> None:
+    m["runs"][run_id]["jobs"].append({"executor": executor, "job_id": str(job_id), "submitted": time.time(),
+                                      "folder": os.path.relpath(folder, out)})
+
+
+# --- scheduler state ---------------------------------------------------------------------------------
+
+def _pid_is_submitit(pid: int) -> bool:
+    try:
+        return b"submitit" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return False
+
+
+def _local_state(job: dict, out: Path) -> str:
+    folder = out / job["folder"]
+    result = folder / f"{job['job_id']}_0_result.pkl"
+    if result.exists():
+        outcome = submitit.core.utils.pickle_load(result)[0]
+        return "COMPLETED" if outcome == "success" else "FAILED"
+    if job["job_id"].isdigit() and _pid_is_submitit(int(job["job_id"])):
+        return "RUNNING"
+    return "LOST"  # ended without a result: killed (kill -9, OOM) or interrupted
+
+
+def scheduler_states(out: Path, jobs: dict[str, dict]) -> dict[str, str]:
+    """run id -> scheduler state of its latest job (one sacct call for all SLURM jobs)."""
+    states, slurm = {}, {}
+    for rid, job in jobs.items():
+        if job["executor"] == "local":
+            states[rid] = _local_state(job, out)
+        elif job["executor"] == "debug":
+            states[rid] = "DONE"
+        else:
+            slurm[rid] = submitit.SlurmJob(folder=out / job["folder"], job_id=job["job_id"])
+    if slurm:
+        submitit.SlurmJob.watcher.update()
+        for rid, j in slurm.items():
+            states[rid] = (j.watcher.get_state(j.job_id, mode="cache") or "UNKNOWN").split()[0].upper()
+    return states
+
+
+def effective_state(store_state: str | None, sched: str | None) -> str:
+    """One state per run: the run store wins when finished; an active job wins over a stale store."""
+    if store_state in SKIP:
+        return store_state
+    if sched in ACTIVE:
+        return "running" if sched == "RUNNING" else "pending"
+    if sched in ("UNKNOWN", "") and store_state in (None, "running"):  # not yet in SLURM accounting
+        return store_state or "pending"
+    if store_state in ("failed", "cancelled"):
+        return store_state
+    if sched and sched.startswith("CANCELLED"):
+        return "cancelled"
+    if store_state == "running" or sched is not None:
+        return "failed"  # the job is gone but the run did not finish
+    return "missing"
+
+
+def sweep_status(out: str | Path) -> list[dict]:
+    """One row per run of the manifest: ids, toggles, store/scheduler/effective state, progress, error."""
+    out = Path(out)
+    m = read_manifest(out)
+    if m is None:
+        raise FileNotFoundError(f"{out}: no {MANIFEST} (not a sweep folder?)")
+    jobs = {rid: e["jobs"][-1] for rid, e in m["runs"].items() if e["jobs"]}
+    sched = scheduler_states(out, jobs)
+    rows = []
+    for rid, e in m["runs"].items():
+        st = RunStore(out / rid).status() or {}
+        job = jobs.get(rid, {})
+        rows.append({"run_id": rid, "arm": e.get("arm"), "seed": e.get("seed"), "toggles": e.get("toggles", {}),
+                     "state": effective_state(st.get("state"), sched.get(rid)), "store": st.get("state"),
+                     "scheduler": sched.get(rid), "step": st.get("step", 0), "steps": e.get("steps"),
+                     "job_id": job.get("job_id"), "executor": job.get("executor"), "error": st.get("error")})
+    return rows
+
+
+# --- executors ---------------------------------------------------------------------------------------
+
+def slurm_minutes(value: int | str) -> int:
+    """SLURM time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS -> whole minutes (rounded up)."""
+    if isinstance(value, int):
+        return value
+    days, rest = value.split("-", 1) if "-" in value else ("0", value)
+    parts = [int(p) for p in rest.split(":")]
+    if "-" in value:
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) <= 2:
+        h, m, s = 0, parts[0], (parts[1] if len(parts) == 2 else 0)
+    else:
+        h, m, s = parts
+    return int(days) * 1440 + h * 60 + m + (s > 0)
+
+
+def load_profile(path: str | Path) -> dict:
+    """A SLURM profile YAML -> submitit AutoExecutor parameters. Errors name the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such SLURM profile")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of {', '.join(PROFILE_KEYS)}")
+    for k, v in data.items():
+        if k not in PROFILE_KEYS:
+            raise SpecError(f"{path}: {k}: unknown key; valid keys: {', '.join(PROFILE_KEYS)}")
+        if not isinstance(v, PROFILE_KEYS[k]) or isinstance(v, bool):
+            raise SpecError(f"{path}: {k}: wrong type {v!r}")
+    try:
+        time_min = slurm_minutes(data["time"]) if "time" in data else None
+    except (ValueError, KeyError):
+        raise SpecError(f"{path}: time: {data['time']!r} is not a SLURM time (e.g. 90, '4:00:00', '1-00:00')") from None
+    names = {"partition": "slurm_partition", "account": "slurm_account", "qos": "slurm_qos",
+             "constraint": "slurm_constraint", "setup": "slurm_setup", "array_parallelism": "slurm_array_parallelism",
+             "signal_delay_s": "slurm_signal_delay_s", "additional": "slurm_additional_parameters",
+             "gpus": "gpus_per_node", "cpus": "cpus_per_task"}
+    params = {names[k]: v for k, v in data.items() if k in names}
+    if time_min is not None:
+        params["timeout_min"] = time_min
+    if "mem" in data:
+        params["slurm_mem"] = f"{data['mem']}G" if isinstance(data["mem"], int) else data["mem"]
+    return params
+
+
+def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profile: str | Path | None = None,
+           max_parallel: int | None = None, view=None, poll_s: float = 0.5) -> dict[str, list[str]]:
+    """Submit every run that is failed, cancelled or missing (completed/diverged are skipped); `view(out,
+    runs)` is an optional live view for the local executor (a context manager with `update(active, done)`).
+    Returns {"submitted": [...], "skipped": [...], "active": [...]} run ids."""
+    out = sweep.out
+    name = executor or sweep.executor.get("name", "local")
+    params = load_profile(profile or sweep.slurm_profile) if name == "slurm" and (profile or sweep.slurm_profile) else {}
+    if name != "slurm" and profile:
+        load_profile(profile)  # still refuse a missing/bad profile
+    m = _manifest_for(sweep, runs)
+    now = {r["run_id"]: r["state"] for r in (sweep_status(out) if (out / MANIFEST).exists() else [])}
+    todo = [r for r in runs if now.get(r.run_id, "missing") in RESUBMIT]
+    result = {"submitted": [r.run_id for r in todo], "skipped": [r.run_id for r in runs if now.get(r.run_id) in SKIP],
+              "active": [r.run_id for r in runs if now.get(r.run_id) in ("running", "pending")]}
+    if name != "slurm" or not todo:
+        write_manifest(out, m)  # slurm: written once the array is accepted
+    if not todo:
+        return result
+    folder = out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    settings = {**sweep.executor, **({"max_parallel": max_parallel} if max_parallel else {})}
+    if name == "slurm":
+        _submit_slurm(sweep, todo, m, folder, settings, params)
+    elif name == "debug":
+        _run_debug(out, todo, m, folder)
+    else:
+        _run_local(out, todo, m, folder, settings, view or _NoView, poll_s)
+    return result
+
+
+def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, settings: dict, params: dict) -> None:
+    from ablate.config import to_dict
+
+    ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    ex.update_parameters(name=sweep.name, timeout_min=settings.get("timeout_min", 60),
+                         slurm_array_parallelism=settings.get("max_parallel", len(todo)),
+                         **({"slurm_signal_delay_s": settings["signal_delay_s"]} if "signal_delay_s" in settings else {}))
+    ex.update_parameters(**params)
+    _importable()
+    try:
+        jobs = ex.submit_array([TrainJob(to_dict(r.config), str(sweep.out / r.run_id)) for r in todo])  # one sbatch
+    except Exception as err:  # noqa: BLE001 - e.g. sbatch: invalid partition; surface the scheduler's words
+        raise SpecError(f"{sweep.source}: sbatch refused the job array (nothing submitted): {err}") from None
+    for r, job in zip(todo, jobs):
+        _record(m, r.run_id, "slurm", job.job_id, folder, sweep.out)
+    write_manifest(sweep.out, m)
+
+
+def _run_debug(out: Path, todo: list[RunSpec], m: dict, folder: Path) -> None:
+    from ablate.config import to_dict
+
+    ex = submitit.DebugExecutor(folder=folder)
+    for r in todo:  # in this process, one after another: breakpoints work; errors open a post-mortem
+        job = ex.submit(TrainJob(to_dict(r.config), str(out / r.run_id)))
+        _record(m, r.run_id, "debug", job.job_id, folder, out)
+        write_manifest(out, m)
+        with contextlib.suppress(Exception):  # the run store holds the traceback
+            job.result()
+
+
+class _NoView:
+    def __init__(self, out, runs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def update(self, active, done):
+        pass
+
+
+def _run_local(out: Path, todo: list[RunSpec], m: dict, folder: Path, settings: dict, view, poll_s: float) -> None:
+    """Foreground: keep up to max_parallel worker processes busy until every run has ended.
+    Ctrl-C cancels the active runs; `ablate sweep cancel` from elsewhere stops the rest."""
+    from ablate.config import to_dict
+
+    max_parallel = settings.get("max_parallel") or cpu_count()
+    threads = max(1, cpu_count() // max_parallel)
+    ex = submitit.LocalExecutor(folder=folder)
+    ex.update_parameters(timeout_min=settings.get("timeout_min", 7 * 24 * 60),
+                         signal_delay_s=settings.get("signal_delay_s", 30))
+    pending, active, started = list(todo), {}, time.time()
+    _importable()
+    with view(out, todo) as live:
+        try:
+            while pending or active:
+                while pending and len(active) < max_parallel:
+                    r = pending.pop(0)
+                    st = RunStore(out / r.run_id).status() or {}
+                    if st.get("state") == "cancelled" and st.get("updated", 0) > started:
+                        continue  # cancelled by `ablate sweep cancel` while waiting
+                    job = ex.submit(TrainJob(to_dict(r.config), str(out / r.run_id), threads))
+                    _record(m, r.run_id, "local", job.job_id, folder, out)
+                    write_manifest(out, m)
+                    active[r.run_id] = job
+                for rid, job in list(active.items()):
+                    if job.done():
+                        _settle(out / rid, job)
+                        del active[rid]
+                live.update(list(active), len(todo) - len(pending) - len(active))
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            _stop(list(active.values()))
+            for rid in active:
+                _mark_cancelled(out / rid)
+            raise
+
+
+def _settle(run_dir: Path, job) -> None:
+    """A finished local job that left no result and a `running` store was killed: say so in the store."""
+    store = RunStore(run_dir)
+    st = store.status() or {}
+    if not job.paths.result_pickle.exists() and st.get("state") in (None, "running"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        store.set_status("failed", st.get("step", 0), f"worker process ended without a result (killed, e.g. "
+                         f"kill -9 or out of memory); job {job.job_id}, logs in {job.paths.folder}")
+
+
+def _mark_cancelled(run_dir: Path) -> None:
+    store = RunStore(run_dir)
+    st = store.status() or {}
+    if st.get("state") not in SKIP:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        store.set_status("cancelled", st.get("step", 0), "cancelled by the user")
+
+
+def _stop(jobs) -> None:
+    for job in jobs:
+        job.cancel(check=False)
+    deadline = time.time() + 15
+    while time.time() < deadline and not all(job.done() for job in jobs):
+        time.sleep(0.2)
+
+
+def cancel(out: str | Path) -> list[str]:
+    """Cancel every unfinished run of the sweep in `out` (active jobs are stopped); returns their ids."""
+    out = Path(out)
+    rows = sweep_status(out)
+    m = read_manifest(out)
+    hit = [r for r in rows if r["state"] in ("running", "pending", "missing")]
+    local = [int(r["job_id"]) for r in hit if r["executor"] == "local" and r["scheduler"] == "RUNNING"]
+    slurm = [r["job_id"] for r in hit if r["executor"] == "slurm" and r["scheduler"] in ACTIVE]
+    for pid in local:
+        os.kill(pid, signal.SIGINT)  # submitit's local controller stops its worker (SIGINT, then SIGKILL)
+    if slurm:
+        subprocess.run(["scancel", *slurm], check=True)
+    deadline = time.time() + 120  # mark only once workers are gone, or their last status write wins
+    while time.time() < deadline and (any(_pid_is_submitit(p) for p in local) or slurm and subprocess.run(
+            ["squeue", "-h", "-j", ",".join(slurm)], capture_output=True, text=True).stdout.strip()):
+        time.sleep(0.5)  # SLURM: submitit ignores SIGTERM, so a step ends at KillWait (SIGKILL)
+    for r in hit:
+        _mark_cancelled(out / r["run_id"])
+    m["cancelled"] = time.time()
+    write_manifest(out, m)
+    return [r["run_id"] for r in hit]
