@@ -375,13 +375,16 @@ def cancel(out: str | Path) -> list[str]:
     hit = [r for r in rows if r["state"] in ("running", "pending", "missing")]
     local = [int(r["job_id"]) for r in hit if r["executor"] == "local" and r["scheduler"] == "RUNNING"]
     slurm = [r["job_id"] for r in hit if r["executor"] == "slurm" and r["scheduler"] in ACTIVE]
+    for r in hit:  # first the runs without a live job, so a foreground `sweep run` does not start them
+        if r["state"] == "missing" or r["executor"] == "local" and r["scheduler"] != "RUNNING":
+            _mark_cancelled(out / r["run_id"])
     for pid in local:
         os.kill(pid, signal.SIGINT)  # submitit's local controller stops its worker (SIGINT, then SIGKILL)
     if slurm:
         subprocess.run(["scancel", *slurm], check=True)
     deadline = time.time() + 120  # mark only once workers are gone, or their last status write wins
     while time.time() < deadline and (any(_pid_is_submitit(p) for p in local) or slurm and subprocess.run(
-            ["squeue", "-h", "-j", ",".join(slurm)], capture_output=True, text=True).stdout.strip()):
+            ["squeue", "-h", "-j", ",".join(slurm)], capture_output=True, text=True, check=False).stdout.strip()):
         time.sleep(0.5)  # SLURM: submitit ignores SIGTERM, so a step ends at KillWait (SIGKILL)
     for r in hit:
         _mark_cancelled(out / r["run_id"])

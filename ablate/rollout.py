@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import DynamicCache
 
 
 @dataclass
@@ -96,19 +97,23 @@ class LMPolicy:
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                greedy: bool = False) -> Rollout:
-        """n completions per prompt (rows grouped by prompt)."""
-        ids, mask = self.encode([p for p in prompts for _ in range(n)])
+        """n completions per prompt (rows grouped by prompt). Each prompt is prefilled once and its KV
+        cache repeated n times: the n rows of a group share it exactly (causal attention)."""
+        uids, umask = self.encode(prompts)
+        ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         tokens = []
         with self._autocast():
-            out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+            out = self.module(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                               logits_to_keep=1)
+            out[self.cache_arg].batch_repeat_interleave(n)
+            logits = out.logits[:, -1].repeat_interleave(n, 0)
             next_pos = positions[:, -1:] + 1
             attn = mask
             for t in range(max_new_tokens):
-                tok = draw(out.logits[:, -1], temperature, greedy)
+                tok = draw(logits, temperature, greedy)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 tokens.append(tok)
                 done |= tok == self.eos_id
@@ -117,6 +122,7 @@ class LMPolicy:
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
                 out = self.module(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
                                   use_cache=True, **{self.cache_arg: out[self.cache_arg]})
+                logits = out.logits[:, -1]
                 next_pos = next_pos + 1
         completion = torch.stack(tokens, dim=1)  # [N, T]
         is_eos = completion == self.eos_id
@@ -126,12 +132,26 @@ class LMPolicy:
         return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts)
 
     def logits(self, rollout: Rollout) -> Tensor:
-        """Next-token logits at each completion position, [N, T, V] (with grad)."""
-        T = rollout.completion_ids.shape[1]
-        ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+        """Next-token logits at each completion position, [N, T, V] (with grad).
+
+        Each distinct prompt runs once (with grad); every row's completion attends to its prompt's KV,
+        gathered per row, so the G rows' gradients sum into the shared prompt activations. Same values as
+        one forward over prompt+completion: under causal attention a prompt never sees its completions.
+        """
+        P = rollout.prompt_ids.shape[1]
+        uniq, inv = torch.unique(rollout.prompt_ids, dim=0, return_inverse=True)
+        first = torch.empty(len(uniq), dtype=torch.long, device=inv.device).scatter_(
+            0, inv, torch.arange(len(inv), device=inv.device))  # one row holding each distinct prompt
         mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.module.config)
         with self._autocast():
-            out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
-                              logits_to_keep=T + 1)
-        return out.logits[:, :-1].float()
+            head = self.module(input_ids=uniq, attention_mask=rollout.prompt_mask[first],
+                               position_ids=positions[first, :P], use_cache=True, logits_to_keep=1,
+                               **{self.cache_arg: cache})
+            if rollout.completion_ids.shape[1] == 1:
+                return head.logits[inv].float()
+            cache.batch_select_indices(inv)  # [U, ...] -> [N, ...], a differentiable gather
+            tail = self.module(input_ids=rollout.completion_ids[:, :-1], attention_mask=mask[:, :-1],
+                               position_ids=positions[:, P:-1], use_cache=True, **{self.cache_arg: cache})
+        return torch.cat([head.logits[inv], tail.logits], dim=1).float()

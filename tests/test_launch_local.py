@@ -95,7 +95,7 @@ def test_run_that_raises_is_failed_with_traceback(tmp_path):
 
 
 def test_cancel_stops_active_and_pending_runs(tmp_path):
-    sweep = toy_sweep(tmp_path / "runs", steps=400, seeds=[0, 1, 2], executor={"max_parallel": 1})
+    sweep = toy_sweep(tmp_path / "runs", steps=3000, seeds=[0, 1, 2], executor={"max_parallel": 1})
     runs = expand(sweep)
     thread = threading.Thread(target=launch, args=(sweep, runs), kwargs={"poll_s": 0.2})
     thread.start()

@@ -68,3 +68,32 @@ def test_same_seed_same_metrics_on_lm(model_dir, tmp_path):
         runs.append([{k: v for k, v in r.items() if not k.startswith("perf/")}
                      for r in RunStore(tmp_path / name).read("metrics")])
     assert runs[0] == runs[1]
+
+
+def test_shared_prompt_forward_equals_a_plain_forward(model_dir):
+    """LMPolicy runs each distinct prompt once and gathers its KV cache per row; the logits and the
+    gradients must equal those of one plain forward over prompt + completion."""
+    import torch
+
+    from ablate.models import load_model, load_tokenizer
+    from ablate.rollout import LMPolicy
+
+    torch.manual_seed(0)
+    policy = LMPolicy(load_model(model_dir), load_tokenizer(model_dir), torch.device("cpu"))
+    rollout = policy.sample(["7+8=", "12*3=", "5-2="], n=3, temperature=1.0, max_new_tokens=5)
+    assert rollout.prompt_ids.shape[0] == 9 and torch.equal(rollout.prompt_ids[0], rollout.prompt_ids[2])
+
+    shared = policy.logits(rollout)
+    (shared.log_softmax(-1)[..., 0].sum()).backward()
+    grads_shared = [p.grad.clone() for p in policy.module.parameters()]
+    policy.module.zero_grad()
+
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+    mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], 1)
+    T = rollout.completion_ids.shape[1]
+    plain = policy.module(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+                          ).logits[:, -T - 1:-1]
+    (plain.log_softmax(-1)[..., 0].sum()).backward()
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    for a, p in zip(grads_shared, policy.module.parameters()):
+        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
