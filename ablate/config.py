@@ -176,13 +176,13 @@ def _where(source: str | None, path: str) -> str:
     return f"{source}: {path}" if source else path
 
 
-def _coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
+def coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
     """Check `value` against the annotation `tp`, converting lists to tuples; raise ConfigError."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{_where(source, path)}: expected a mapping, got {value!r}")
-        return _build(tp, value, path, source)
+        return build_section(tp, value, path, source)
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed or type(value) is bool and True not in allowed and False not in allowed:
@@ -196,7 +196,7 @@ def _coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, arg, path, source)
+                return coerce(value, arg, path, source)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0])
@@ -204,7 +204,7 @@ def _coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{_where(source, path)}: expected a list, got {value!r}")
-        return tuple(_coerce(v, item_tp, f"{path}[{i}]", source) for i, v in enumerate(value))
+        return tuple(coerce(v, item_tp, f"{path}[{i}]", source) for i, v in enumerate(value))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):
@@ -217,7 +217,7 @@ def _coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
     return value
 
 
-def _build(cls: type, data: dict, prefix: str, source: str | None):
+def build_section(cls: type, data: dict, prefix: str, source: str | None):
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -225,7 +225,7 @@ def _build(cls: type, data: dict, prefix: str, source: str | None):
         path = f"{prefix}.{key}" if prefix else key
         if key not in names:
             raise ConfigError(f"{_where(source, path)}: unknown key; valid keys here: {', '.join(names)}")
-        kwargs[key] = _coerce(value, hints[key], path, source)
+        kwargs[key] = coerce(value, hints[key], path, source)
     return cls(**kwargs)
 
 
@@ -253,7 +253,7 @@ def parse(data: dict, source: str | None = None) -> RunConfig:
             raise ConfigError(f"{_where(source, 'preset')}: unknown preset {preset!r}; allowed values: "
                               + ", ".join(PRESETS))
         data["recipe"] = {**PRESETS[preset], **(data.get("recipe") or {})}
-    cfg = _build(RunConfig, data, "", source)
+    cfg = build_section(RunConfig, data, "", source)
     validate(cfg, source)
     return cfg
 
@@ -345,9 +345,12 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
 
 
+def hash_config(data: dict) -> str:
+    """The run id of a resolved config given as plain data (`to_dict`); tracking is not hashed."""
+    blob = json.dumps({k: v for k, v in data.items() if k != "tracking"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
 def run_id(cfg: RunConfig) -> str:
     """Content hash of the fully resolved config (seed included, tracking excluded): same config, same id."""
-    data = to_dict(cfg)
-    del data["tracking"]
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return hash_config(to_dict(cfg))

@@ -19,20 +19,29 @@ SIGNAL = signal.SIGUSR2
 _save: Callable[[], None] | None = None
 _pending: list[tuple] = []
 _in_step = False
+_saved = False
 
 
 def save_now() -> bool:
     """Write the running trainer's checkpoint; False when no trainer runs in this process."""
+    global _saved
     if _save is None:
         return False
     _save()
+    _saved = True
     return True
+
+
+def checkpointed_for_requeue() -> bool:
+    """True once `save_now` ran: the exit that follows is a requeue, not a failure."""
+    return _saved
 
 
 @contextmanager
 def guard(save: Callable[[], None]):
     """Around the training loop: `save` writes a checkpoint of the state at the last step boundary."""
-    global _save
+    global _save, _saved
+    _saved = False
     prev = signal.getsignal(SIGNAL)
     active = callable(prev) and threading.current_thread() is threading.main_thread()
 

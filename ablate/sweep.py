@@ -12,7 +12,6 @@ docs/sweeps.md describes the format.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import typing
@@ -124,7 +123,7 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         except KeyError:
             raise err(key, f"{dotted!r} is not a config field (see ablate/config.py)") from None
         try:
-            return C._coerce(value, tp, dotted, None)
+            return C.coerce(value, tp, dotted, None)
         except C.ConfigError as e:
             raise err(key, f"wrong type: {e}") from None
 
@@ -298,12 +297,6 @@ def _set(data: dict, dotted: str, value: Any) -> None:
     data[last] = list(value) if isinstance(value, tuple) else value
 
 
-def _fast_id(data: dict) -> str:
-    """config.run_id computed on the plain dict (checked against it per arm; see expand)."""
-    blob = json.dumps({k: v for k, v in data.items() if k != "tracking"}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
 def _points(spec: Sweep):
     """(arm, {dotted: value}, included) for every grid point, then every include entry."""
     arm_names = list(spec.arms) or [None]
@@ -329,7 +322,7 @@ def _arm_configs(spec: Sweep) -> dict[str | None, C.RunConfig]:
         for k, v in [*spec.overrides.items(), *((k, v) for k, v in body.items() if k != "preset")]:
             _set(d, k, v)
         try:
-            out[arm] = C._build(C.RunConfig, d, "", None)
+            out[arm] = C.build_section(C.RunConfig, d, "", None)
         except C.ConfigError as e:
             raise SpecError(f"{spec.source}: {f'arms.{arm}' if arm else 'base'}: {e}") from None
     return out
@@ -341,7 +334,6 @@ def expand(spec: Sweep) -> list[RunSpec]:
     exclude rule that matches nothing. Equivalent to `config.parse` per run, without re-parsing."""
     arm_cfgs = _arm_configs(spec)
     arm_dicts = {a: C.to_dict(c) for a, c in arm_cfgs.items()}
-    fast = all(_fast_id(arm_dicts[a]) == C.run_id(c) for a, c in arm_cfgs.items())  # else: config.run_id
     seeds = spec.seeds if spec.seeds is not None else [None]
     used = [False] * len(spec.exclude)
     runs: dict[str, RunSpec] = {}
@@ -357,18 +349,14 @@ def expand(spec: Sweep) -> list[RunSpec]:
                     used[i] = True
                 if hit:
                     continue
-            cfg = None
-            if fast:
-                d = dict(arm_dicts[arm])
-                for k, v in values.items():
-                    _set(d, k, v)
-                rid = _fast_id(d)
-            else:
-                cfg = _replace(arm_cfgs[arm], values)
-                rid = C.run_id(cfg)
+            # hash the plain dict (values are already type-coerced): building a config per duplicate is slow
+            d = dict(arm_dicts[arm])
+            for k, v in values.items():
+                _set(d, k, v)
+            rid = C.hash_config(d)
             if rid in runs or rid in bad:
                 continue
-            cfg = cfg or _replace(arm_cfgs[arm], values)
+            cfg = _replace(arm_cfgs[arm], values)
             try:
                 C.validate(cfg)
             except C.ConfigError as e:

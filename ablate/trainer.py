@@ -320,6 +320,9 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
         state = _train(cfg, store, device, progress)
         return state
     except BaseException as err:
+        if isinstance(err, SystemExit) and preemption.checkpointed_for_requeue():
+            state = "running"  # the scheduler requeues the job; it resumes from the checkpoint just saved
+            raise
         step = (store.status() or {}).get("step", 0)
         store.set_status("failed", step, "".join(traceback.format_exception(err)))
         raise

@@ -163,6 +163,7 @@ def test_preemption_signal_checkpoints_at_step_boundary(tmp_path, monkeypatch):
     assert seen == {"saved": True, "step_at_signal": 4}  # handler ran after step 4 had been logged
     store = RunStore(tmp_path / "pre")
     assert store.load_checkpoint()["step"] == 4
+    assert store.status()["state"] == "running"  # requeued, not failed
 
     resumed = run(cfg, tmp_path / "pre")
     assert [r["step"] for r in resumed.read("metrics")] == list(range(1, 11))
