@@ -63,10 +63,10 @@ class BuildSettings:
     """Everything the base model depends on; its hash decides whether a cached build is reused."""
 
     seed: int = 0
-    steps: int = 1200
+    steps: int = 3000
     batch_size: int = 128
     lr: float = 3e-3
-    label_noise: float = 0.15  # share of answer characters replaced by a random digit
+    label_noise: float = 0.2  # share of answer characters replaced by a random digit
     hidden: int = 128
     layers: int = 4
     heads: int = 4
