@@ -116,6 +116,7 @@ class WandbConfig:
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
     entity: str | None = None
     project: str = "ablate"
+    name: str | None = None        # readable run name; sweeps set it from the varying toggles and seed
     group: str | None = None       # set by sweeps to the sweep name
     job_type: str = "train"        # "tune-trial" for Optuna trials
 

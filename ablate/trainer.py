@@ -12,6 +12,7 @@ import copy
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -298,9 +299,11 @@ def train_samples(task, batch: Batch, rewards, adv, cfg: RunConfig, tokenizer) -
 
 # --- the loop --------------------------------------------------------------------------------------
 
-def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
+def train(cfg: RunConfig, out_dir: str, progress: bool = True,
+          should_prune: Callable[[int, dict], bool] | None = None) -> str:
     """Train `cfg` into the run folder `out_dir` (resuming from its checkpoint if any); returns the final
-    state: completed, diverged or failed (failed also re-raises)."""
+    state: completed, diverged, pruned or failed (failed also re-raises). `should_prune(step, eval_row)`
+    is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.tracking import open_mirrors
 
     store = RunStore(out_dir)
@@ -308,7 +311,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
     if existing is not None and existing.get("run_id") != run_id(cfg):
         raise ValueError(f"{out_dir} holds another run ({existing.get('run_id')}); refusing to overwrite it")
     status = store.status()
-    if status and status["state"] in ("completed", "diverged"):
+    if status and status["state"] in ("completed", "diverged", "pruned"):
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
@@ -317,7 +320,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
     state = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
-        state = _train(cfg, store, device, progress)
+        state = _train(cfg, store, device, progress, should_prune)
         return state
     except BaseException as err:
         if isinstance(err, SystemExit) and preemption.checkpointed_for_requeue():
@@ -330,7 +333,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True) -> str:
         store.close(state)  # every exit path: completed, diverged, failed (incl. preemption exits)
 
 
-def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool) -> str:
+def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> str:
     r = cfg.recipe
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task)
@@ -423,6 +426,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     samples += train_samples(task, batch, rewards, adv, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)))
                     since_eval = []
+                    if should_prune is not None and step < cfg.steps and should_prune(step, ev):
+                        store.set_status("pruned", step)
+                        return "pruned"
                 store.set_status("running", step)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
                     save_checkpoint()

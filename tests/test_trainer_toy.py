@@ -169,3 +169,20 @@ def test_preemption_signal_checkpoints_at_step_boundary(tmp_path, monkeypatch):
     assert [r["step"] for r in resumed.read("metrics")] == list(range(1, 11))
     assert strip_timing(resumed.read("metrics")) == strip_timing(whole.read("metrics"))
     assert resumed.read("evals") == whole.read("evals")
+
+
+def test_should_prune_stops_the_run_as_pruned(tmp_path):
+    asked = []
+
+    def prune_after_second_eval(step, row):
+        asked.append((step, round(row["eval/pass@1_exact"], 6)))
+        return len(asked) == 2
+
+    cfg = toy("steps=20", "eval.every=5")
+    assert trainer.train(cfg, str(tmp_path), progress=False, should_prune=prune_after_second_eval) == "pruned"
+    store = RunStore(tmp_path)
+    assert [s for s, _ in asked] == [5, 10]
+    assert store.status()["state"] == "pruned" and store.status()["step"] == 10
+    assert [r["step"] for r in store.read("metrics")] == list(range(1, 11))
+    # a pruned run is finished: training it again does nothing
+    assert trainer.train(cfg, str(tmp_path), progress=False) == "pruned"
