@@ -13,8 +13,10 @@ and pickles live in `<out>/.submitit/<submission>/`.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -55,8 +57,9 @@ class TrainJob(submitit.helpers.Checkpointable):
         from ablate.config import parse
         from ablate.trainer import train
 
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        threads = self.threads or _slurm_cpus()
+        if threads:
+            torch.set_num_threads(threads)
         _note_worker()
         return train(parse(self.cfg_dict), self.run_dir, progress=False)
 
@@ -65,6 +68,15 @@ class TrainJob(submitit.helpers.Checkpointable):
 
         preemption.save_now()
         return submitit.helpers.DelayedSubmission(TrainJob(self.cfg_dict, self.run_dir, self.threads))
+
+
+def _slurm_cpus() -> int | None:
+    """Under SLURM without task binding torch would start a thread per core of the node: use the CPUs
+    allocated to this task instead (--cpus-per-task, else the job's CPUs on this node)."""
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        if os.environ.get(var, "").isdigit() and int(os.environ[var]) > 0:
+            return int(os.environ[var])
+    return None
 
 
 def _note_worker() -> None:
@@ -252,7 +264,8 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     folder = out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     settings = {**sweep.executor, **({"max_parallel": max_parallel} if max_parallel else {})}
     if name == "slurm":
-        _submit_slurm(sweep, todo, m, folder, settings, params)
+        where = f"{profile or sweep.slurm_profile}" if (profile or sweep.slurm_profile) else sweep.source
+        _submit_slurm(sweep, todo, m, folder, settings, params, where)
     elif name == "debug":
         _run_debug(out, todo, m, folder)
     else:
@@ -260,7 +273,10 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     return result
 
 
-def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, settings: dict, params: dict) -> None:
+def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, settings: dict, params: dict,
+                  where: str) -> None:
+    """One sbatch for all `todo` runs; `where` (the profile file, else the spec) names the culprit when
+    sbatch refuses, e.g. a partition the cluster does not have."""
     from ablate.config import to_dict
 
     ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
@@ -269,10 +285,14 @@ def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, sett
                          **({"slurm_signal_delay_s": settings["signal_delay_s"]} if "signal_delay_s" in settings else {}))
     ex.update_parameters(**params)
     _importable()
-    try:
-        jobs = ex.submit_array([TrainJob(to_dict(r.config), str(sweep.out / r.run_id)) for r in todo])  # one sbatch
+    try:  # submitit prints sbatch's stderr itself: keep it for our message only
+        with contextlib.redirect_stderr(io.StringIO()):
+            jobs = ex.submit_array([TrainJob(to_dict(r.config), str(sweep.out / r.run_id)) for r in todo])  # one sbatch
     except Exception as err:  # noqa: BLE001 - e.g. sbatch: invalid partition; surface the scheduler's words
-        raise SpecError(f"{sweep.source}: sbatch refused the job array (nothing submitted): {err}") from None
+        shutil.rmtree(folder, ignore_errors=True)  # the pickles of a submission that never happened
+        part = params.get("slurm_partition")
+        raise SpecError(f"{where}: sbatch refused the job array of {len(todo)} run(s)"
+                        f"{f' (partition {part!r})' if part else ''}; nothing submitted:\n{str(err).strip()}") from None
     for r, job in zip(todo, jobs):
         _record(m, r.run_id, "slurm", job.job_id, folder, sweep.out)
     write_manifest(sweep.out, m)

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from ablate import config as C
+from ablate.tracking import run_name
 
 TOP_KEYS = ("name", "description", "base", "grid", "zip", "arms", "seeds", "exclude", "include",
             "executor", "slurm_profile", "out")
@@ -378,4 +379,11 @@ def _with_toggles(runs: list[RunSpec], keys: list[str]) -> list[RunSpec]:
     keys = list(dict.fromkeys(keys))
     table = {k: [_attr(r.config, k) for r in runs] for k in keys}
     varying = [k for k in keys if len({json.dumps(v) for v in table[k]}) > 1]
-    return [dataclasses.replace(r, toggles={k: table[k][i] for k in varying}) for i, r in enumerate(runs)]
+    out = []
+    for i, r in enumerate(runs):
+        toggles = {k: table[k][i] for k in varying}
+        # the W&B run name says what differs (tracking is not part of the run id)
+        wandb = dataclasses.replace(r.config.tracking.wandb, name=run_name(r.config, toggles, r.arm))
+        cfg = dataclasses.replace(r.config, tracking=dataclasses.replace(r.config.tracking, wandb=wandb))
+        out.append(dataclasses.replace(r, config=cfg, toggles=toggles))
+    return out

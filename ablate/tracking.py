@@ -35,10 +35,10 @@ def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def run_name(cfg: RunConfig, varying: dict | None = None) -> str:
-    """Readable name: preset (or "custom"), the toggles that differ within a sweep, and the seed,
-    e.g. `grpo-eps_high=0.28-s1` for varying={"recipe.eps_high": 0.28, "seed": 1}."""
-    parts = [cfg.preset or "custom"]
+def run_name(cfg: RunConfig, varying: dict | None = None, arm: str | None = None) -> str:
+    """Readable name: the arm (else preset, else "custom"), the toggles that differ within a sweep, and
+    the seed, e.g. `grpo-eps_high=0.28-s1` for varying={"recipe.eps_high": 0.28, "seed": 1}."""
+    parts = [arm or cfg.preset or "custom"]
     parts += [f"{key.rsplit('.', 1)[-1]}={_fmt(v)}" for key, v in (varying or {}).items() if key != "seed"]
     return "-".join(parts + [f"s{cfg.seed}"])
 
@@ -126,7 +126,8 @@ class WandbMirror:
         saved = self._read_state()
         self.id = saved.get("id") or os.environ.get("WANDB_RUN_ID") or secrets.token_hex(4)
         self.last_step = saved.get("last_step", -1)  # steps <= this are already in the W&B run
-        w, name = cfg.tracking.wandb, os.environ.get("WANDB_NAME") or run_name(cfg)
+        w = cfg.tracking.wandb
+        name = os.environ.get("WANDB_NAME") or w.name or run_name(cfg)
         timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", "60"))
         self.run = wandb.init(
             id=self.id, resume="allow", mode=mode, dir=str(self.root), entity=w.entity, project=w.project,

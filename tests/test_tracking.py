@@ -257,3 +257,33 @@ def test_run_name_and_tags():
     assert tracking.run_name(cfg, {"recipe.eps_high": 0.28, "seed": 1}) == "grpo-eps_high=0.28-s1"
     assert tracking.run_name(load("configs/toy.yaml", ["preset=null"])) == "custom-s0"
     assert "clip_higher" in tracking.run_tags(cfg) and "preset=grpo" in tracking.run_tags(cfg)
+
+
+def test_sweep_on_local_executor_mirrors_every_run_grouped_by_sweep(tmp_path):
+    """One offline W&B run per run folder, grouped by the sweep, named by what differs, history equal
+    to the local metrics."""
+    from ablate.launch import launch
+    from ablate.sweep import expand, parse_spec
+
+    toy_cfg = str(Path("configs/toy.yaml").resolve())
+    sweep = parse_spec({"name": "wb", "base": {"config": toy_cfg, "overrides": {"steps": 6, "eval.every": 3}},
+                        "grid": {"recipe.eps_high": [0.2, 0.28]}, "seeds": [0, 1],
+                        "executor": {"max_parallel": 2}, "out": str(tmp_path / "runs")}, "wb.yaml", Path("."))
+    runs = expand(sweep)
+    launch(sweep, runs, poll_s=0.2)
+    names = set()
+    for r in runs:
+        store = RunStore(sweep.out / r.run_id)
+        sessions = records(store.root)
+        assert len(sessions) == 1
+        run_rec = next(x["run"] for x in sessions[0] if x["type"] == "run")
+        assert run_rec["run_group"] == "wb" and run_rec["job_type"] == "train"
+        names.add(run_rec.get("display_name"))
+        rows = history(sessions)
+        local = {m["step"]: m for m in store.read("metrics")}
+        assert sorted(row["_step"] for row in rows) == list(range(0, 7))  # step 0 = the base evaluation
+        for row in rows:
+            for k, v in no_perf(local.get(row["_step"], {})).items():
+                if k != "step":
+                    assert row[k] == v, (r.run_id, row["_step"], k)
+    assert names == {"grpo-eps_high=0.2-s0", "grpo-eps_high=0.28-s0", "grpo-eps_high=0.2-s1", "grpo-eps_high=0.28-s1"}

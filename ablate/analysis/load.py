@@ -1,13 +1,38 @@
-"""Load run folders into one tidy DataFrame: one row per run x step x metric."""
+"""Load run folders into pandas frames (statistics and reports build on them).
+
+    load_runs(path, ...)   tidy frame: one row per run x step x metric (+ flattened config columns)
+    load_study(path, ...)  Study: `runs` (one row per run, every run, whatever its state), `metrics` and
+                           `evals` (wide: run_id, step, one column per metric), arms and factors
+    final_table(x)         one row per run: state, arm, seed, last value of every metric
+
+Every run folder is kept, whatever its state (running, failed, diverged, ...); a run that logged nothing
+still has its row in `Study.runs` and `final_table`. A torn last JSONL line is skipped.
+
+Columnar cache: the JSONL logs are parsed once and stored as Parquet in `<run>/.ablate-cache/`
+(`metrics.parquet`, `evals.parquet`, `meta.json` with the parsed config and status). The cache is keyed
+on the size and mtime of config.yaml, status.json and the logs, so a run that is still writing is
+re-read; a read-only run folder simply goes uncached.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from ablate.store import RunStore
+from ablate.store import read_jsonl
+
+CACHE = ".ablate-cache"
+SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
+FIRST = ["run_id", "run_dir", "state", "step", "metric", "value"]
+TERMINAL = ("completed", "failed", "diverged", "cancelled", "pruned")
 
 
 def find_runs(path: str | Path) -> list[Path]:
@@ -15,40 +40,208 @@ def find_runs(path: str | Path) -> list[Path]:
     path = Path(path)
     if (path / "config.yaml").is_file():
         return [path]
-    return sorted(p.parent for p in path.rglob("config.yaml"))
+    return sorted(p.parent for p in path.rglob("config.yaml") if CACHE not in p.parts)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = json.dumps(v) if isinstance(v, list) else v  # lists (e.g. eval.ks) as JSON text
     return out
 
 
-def load_runs(*paths: str | Path) -> pd.DataFrame:
-    """Tidy frame with columns run_id, run_dir, state, step, metric, value, plus the run's config
-    (flattened dotted keys: recipe.*, task.*, seed, ...). Both per-step and evaluation metrics are
-    included; incomplete and failed runs are kept, labelled by `state`."""
+# --- one run ---------------------------------------------------------------------------------------
+
+def _wide(rows: list[dict]) -> pa.Table:
+    """JSONL rows -> a table (step + one float64 column per numeric key); an absent key is null, a
+    logged NaN stays NaN."""
+    keys = list(dict.fromkeys(k for r in rows for k, v in r.items()
+                              if k != "step" and isinstance(v, (int, float))))
+    cols = {"step": pa.array([int(r.get("step", -1)) for r in rows], pa.int64())}
+    for k in keys:
+        vals = [r.get(k) for r in rows]
+        cols[k] = pa.array([float(v) if isinstance(v, (int, float)) else None for v in vals], pa.float64())
+    return pa.table(cols)
+
+
+def _signature(run_dir: Path) -> list:
+    sig = []
+    for name in SOURCES:
+        try:
+            st = os.stat(run_dir / name)
+            sig.append([name, st.st_size, st.st_mtime_ns])
+        except OSError:
+            sig.append([name, None, None])
+    return sig
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    config: dict
+    status: dict
+    metrics: pa.Table
+    evals: pa.Table
+
+
+def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
+    """One run folder (config, status, metrics and evals tables), through the Parquet cache."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    cdir = run_dir / CACHE
+    sig = _signature(run_dir)
+    if cache:
+        try:
+            meta = json.loads((cdir / "meta.json").read_text())
+            if meta["signature"] == sig:
+                return RunData(run_dir, meta["config"], meta["status"],
+                               pq.read_table(cdir / "metrics.parquet"), pq.read_table(cdir / "evals.parquet"))
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            pass
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        config = {}
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    data = RunData(run_dir, config, status, _wide(read_jsonl(run_dir / "metrics.jsonl")),
+                   _wide(read_jsonl(run_dir / "evals.jsonl")))
+    if cache:
+        try:
+            cdir.mkdir(exist_ok=True)
+            pq.write_table(data.metrics, cdir / "metrics.parquet")
+            pq.write_table(data.evals, cdir / "evals.parquet")
+            meta = {"signature": sig, "config": config, "status": status}
+            tmp = cdir / "meta.json.tmp"
+            tmp.write_text(json.dumps(meta, default=str))
+            os.replace(tmp, cdir / "meta.json")  # meta last: a half-written cache is never trusted
+        except OSError:
+            pass
+    return data
+
+
+# --- many runs -------------------------------------------------------------------------------------
+
+@dataclass
+class Study:
+    runs: pd.DataFrame                    # one row per run: run_id, run_dir, state, error, ..., config
+    metrics: pd.DataFrame                 # wide per-step metrics: run_id, step, train/..., counters/..., perf/...
+    evals: pd.DataFrame                   # wide held-out evaluations: run_id, step, eval/...
+    factors: list = field(default_factory=list)   # ablate.analysis.design.Factor, what varies across runs
+    data: list = field(default_factory=list, repr=False)  # RunData per run (same order as `runs`)
+
+    def tidy(self) -> pd.DataFrame:
+        return tidy_frame(self.data)
+
+
+def _run_row(d: RunData) -> dict:
+    cfg, st = d.config, d.status
+    last = [int(pc.max(t["step"]).as_py()) for t in (d.metrics, d.evals) if t.num_rows]
+    return {"run_id": cfg.get("run_id") or d.run_dir.name, "run_dir": str(d.run_dir),
+            "state": st.get("state") or ("missing" if not last else "unknown"),
+            "error": st.get("error"), "last_step": max(last) if last else -1,
+            "planned_steps": cfg.get("steps"), **flatten({k: v for k, v in cfg.items() if k != "run_id"})}
+
+
+def _concat_wide(data: list[RunData], attr: str, ids: list[str]) -> pd.DataFrame:
     frames = []
-    for run_dir in (r for p in paths for r in find_runs(p)):
-        store = RunStore(run_dir)
-        cfg = store.read_config() or {}
-        status = store.status() or {}
-        rows = [{"step": row["step"], "metric": k, "value": v}
-                for log in ("metrics", "evals") for row in store.read(log)
-                for k, v in row.items() if k != "step" and isinstance(v, (int, float))]
-        if not rows:
-            continue
-        df = pd.DataFrame(rows)
-        meta = {"run_id": cfg.get("run_id"), "run_dir": str(run_dir), "state": status.get("state"),
-                **_flatten({k: v for k, v in cfg.items() if k != "run_id"})}
-        frames.append(df.assign(**meta))
+    for d, rid in zip(data, ids):
+        t = getattr(d, attr)
+        if t.num_rows:
+            df = t.to_pandas()
+            df.insert(0, "run_id", rid)
+            frames.append(df)
     if not frames:
-        return pd.DataFrame(columns=["run_id", "run_dir", "state", "step", "metric", "value"])
-    df = pd.concat(frames, ignore_index=True)
-    first = ["run_id", "run_dir", "state", "step", "metric", "value"]
-    return df[first + [c for c in df.columns if c not in first]]
+        return pd.DataFrame({"run_id": pd.Categorical([]), "step": np.array([], np.int64)})
+    df = pd.concat(frames, ignore_index=True, sort=False)
+    df["run_id"] = pd.Categorical(df["run_id"], categories=list(dict.fromkeys(ids)))
+    return df
+
+
+def load_study(*paths: str | Path, cache: bool = True) -> Study:
+    """Every run folder under `paths` (a sweep root, a run folder, or several), with arms and factors
+    inferred from the sweep manifest(s) and from which config keys differ (ablate.analysis.design)."""
+    from ablate.analysis.design import assign_arms
+
+    dirs = list(dict.fromkeys(r.resolve() for p in paths for r in find_runs(p)))
+    data = [read_run(d, cache) for d in dirs]
+    runs = pd.DataFrame([_run_row(d) for d in data])
+    if runs.empty:
+        runs = pd.DataFrame(columns=["run_id", "run_dir", "state", "error", "last_step", "planned_steps"])
+    runs, factors = assign_arms(runs, paths)
+    ids = list(runs["run_id"])
+    return Study(runs, _concat_wide(data, "metrics", ids), _concat_wide(data, "evals", ids), factors, data)
+
+
+def tidy_frame(data: list[RunData]) -> pd.DataFrame:
+    """run_id, run_dir, state, step, metric, value + flattened config; string-like columns (and every
+    config column) are pandas Categoricals so that 10^7 rows stay small."""
+    parts, run_idx, metas = [], [], []
+    for i, d in enumerate(data):
+        metas.append(_run_row(d))
+        for t in (d.metrics, d.evals):
+            steps = t["step"].to_numpy()
+            for name in t.column_names[1:]:
+                col = t[name]
+                valid = col.is_valid().to_numpy(zero_copy_only=False) if col.null_count else None
+                vals = col.to_numpy()
+                s = steps if valid is None else steps[valid]
+                parts.append((name, s, vals if valid is None else vals[valid]))
+                run_idx.append(np.full(len(s), i, np.int32))
+    if not parts:
+        return pd.DataFrame(columns=FIRST)
+    names = list(dict.fromkeys(p[0] for p in parts))
+    code = {n: j for j, n in enumerate(names)}
+    idx = np.concatenate(run_idx)
+    out = {"step": np.concatenate([p[1] for p in parts]),
+           "metric": pd.Categorical.from_codes(
+               np.concatenate([np.full(len(p[1]), code[p[0]], np.int32) for p in parts]), names),
+           "value": np.concatenate([p[2] for p in parts])}
+    keys = list(dict.fromkeys(k for m in metas for k in m if k not in ("error", "last_step", "planned_steps")))
+    cols = {}
+    for k in keys:
+        per_run = [m.get(k) for m in metas]
+        cats = list(dict.fromkeys(per_run))
+        present = [c for c in cats if c is not None]
+        ccode = np.array([present.index(v) if v is not None else -1 for v in per_run], np.int32)
+        cols[k] = pd.Categorical.from_codes(ccode[idx], present)
+    df = pd.DataFrame({**{k: cols[k] for k in ("run_id", "run_dir", "state")}, **out,
+                       **{k: v for k, v in cols.items() if k not in ("run_id", "run_dir", "state")}})
+    return df[FIRST + [c for c in df.columns if c not in FIRST]]
+
+
+def load_runs(*paths: str | Path, cache: bool = True) -> pd.DataFrame:
+    """Tidy frame with columns run_id, run_dir, state, step, metric, value, plus the run's config
+    (flattened dotted keys: recipe.*, task.*, seed, ...; as Categoricals). Both per-step and evaluation
+    metrics are included; incomplete and failed runs are kept, labelled by `state`."""
+    dirs = list(dict.fromkeys(r for p in paths for r in find_runs(p)))
+    return tidy_frame([read_run(d, cache) for d in dirs])
+
+
+def final_table(x: Study | pd.DataFrame) -> pd.DataFrame:
+    """One row per run: run_id, state, (arm, seed when known), last_step and the last logged value of
+    every metric. Accepts a Study (every run, even one that logged nothing) or a tidy frame."""
+    if isinstance(x, Study):
+        lasts = []
+        for wide in (x.metrics, x.evals):
+            if len(wide):
+                lasts.append(wide.sort_values("step").groupby("run_id", observed=True).last().drop(columns="step"))
+        base = x.runs[[c for c in ("run_id", "run_dir", "state", "arm", "seed", "last_step", "planned_steps", "error")
+                       if c in x.runs]]
+        out = base.set_index("run_id")
+        for part in lasts:
+            out = out.join(part, how="left")
+        return out.reset_index()
+    df = x.sort_values("step")
+    keys = ["run_id", "run_dir", "state"] + (["seed"] if "seed" in df else [])
+    meta = df.groupby("run_id", observed=True)[keys[1:]].first()
+    meta["last_step"] = df.groupby("run_id", observed=True)["step"].max()
+    last = df.groupby(["run_id", "metric"], observed=True)["value"].last().unstack("metric")
+    return meta.join(last).reset_index()

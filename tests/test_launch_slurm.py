@@ -1,0 +1,278 @@
+"""The SLURM executor end to end on the real one-node dev cluster (`slurm/dev-cluster start`), toy testbed.
+
+No mocks: runs are submitted with sbatch as one job array, cancelled with scancel, requeued by
+submitit on SLURM's time-limit warning. The cluster has 2 cores shared with other work, so every run
+is a few seconds of toy training; the time-limit test is the long one (about a minute). If the
+cluster is down every test fails with a hint how to start it; deselect with `-m "not slurm"`.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from ablate.cli_sweep import sweep_app
+from ablate.launch import launch, read_manifest, sweep_status
+from ablate.store import RunStore
+from ablate.sweep import expand, load_spec
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = str(ROOT / "configs/toy.yaml")
+DEV_PROFILE = ROOT / "slurm/profiles/dev.yaml"
+STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
+START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
+FINISHED = ("completed", "failed", "cancelled", "diverged", "pruned")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> None:
+    """Fail (never skip) with a clear hint when the dev cluster is not reachable."""
+    conf = STATE_DIR / "slurm.conf"
+    if "SLURM_CONF" not in os.environ and conf.exists() and not Path("/etc/slurm/slurm.conf").exists():
+        os.environ["SLURM_CONF"] = str(conf)  # inherited by sbatch/sacct and by submitit's subprocesses
+    if shutil.which("sinfo") is None:
+        pytest.fail(f"`sinfo` is not on PATH: {START_HINT}", pytrace=False)
+    try:
+        res = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {START_HINT}", pytrace=False)
+    if res.returncode != 0 or not set(res.stdout.split()) & {"idle", "mixed", "allocated"}:
+        pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {START_HINT}",
+                    pytrace=False)
+
+
+@pytest.fixture
+def sbatch_calls(tmp_path, monkeypatch) -> Path:
+    """Put a counting `sbatch` first on PATH (submitit runs `sbatch` from PATH): one line per call."""
+    real = shutil.which("sbatch")
+    assert real, START_HINT
+    bin_dir, log = tmp_path / "bin", tmp_path / "sbatch_calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    log.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def write_spec(tmp_path, name, steps, overrides=None, **kw) -> Path:
+    """A toy sweep spec file (the CLI needs one); its runs go to <tmp_path>/runs."""
+    spec = {"name": name, "base": {"config": TOY, "overrides": {
+        "steps": steps, "eval.every": 0, "tracking.wandb.mode": "disabled", **(overrides or {})}},
+            "out": str(tmp_path / "runs"), **kw}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def write_profile(tmp_path, **changes) -> Path:
+    """The shipped dev profile with some keys changed."""
+    data = {**yaml.safe_load(DEV_PROFILE.read_text()), **changes}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def rows_by_id(out) -> dict[str, dict]:
+    return {r["run_id"]: r for r in sweep_status(out)}
+
+
+def wait_for(what, check, timeout, every=0.5):
+    """Poll `check()` until it returns something truthy; fail with `what` and the last value."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not after {timeout}s (last: {last})")
+
+
+def wait_finished(out, timeout=150) -> dict[str, dict]:
+    """Every run of the sweep in a final state (as `sweep status` sees it)."""
+    def done():
+        rows = rows_by_id(out)
+        return rows if all(r["state"] in FINISHED for r in rows.values()) else None
+    try:
+        return wait_for("sweep finished", done, timeout, every=1.0)
+    except AssertionError:
+        raise AssertionError(f"runs not finished after {timeout}s: "
+                             f"{[(r['run_id'], r['state'], r['scheduler'], r['step']) for r in sweep_status(out)]}") from None
+
+
+def squeue(job_id: str) -> tuple[str, str]:
+    """(state, reason) of one job or array task, ('', '') once it has left the queue."""
+    res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, check=False)
+    out = res.stdout.strip()
+    return tuple(out.split("|")) if res.returncode == 0 and out else ("", "")  # type: ignore[return-value]
+
+
+def scontrol(*args: str) -> None:
+    res = subprocess.run(["scontrol", *args], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, f"scontrol {' '.join(args)}: {res.stderr.strip()}"
+
+
+def metric_steps(run_dir) -> list[int]:
+    return [row["step"] for row in RunStore(run_dir).read("metrics")]
+
+
+# --- (a) one array for the whole grid --------------------------------------------------------------
+
+def test_grid_is_one_job_array_and_completes(tmp_path, sbatch_calls):
+    spec = write_spec(tmp_path, "grid", steps=10, seeds=[0, 1],
+                      grid={"recipe.scale": ["none", "group"], "recipe.eps_high": [0.2, 0.28]})
+    sweep = load_spec(spec)
+    runs = expand(sweep)
+    res = launch(sweep, runs, executor="slurm", profile=DEV_PROFILE)
+    assert len(res["submitted"]) == 8
+    calls = sbatch_calls.read_text().splitlines()
+    assert len(calls) == 1, f"expected one sbatch call, got {calls}"
+    m = read_manifest(sweep.out)
+    jobs = [e["jobs"] for e in m["runs"].values()]
+    assert all(len(j) == 1 and j[0]["executor"] == "slurm" for j in jobs)
+    ids = [j[0]["job_id"] for j in jobs]
+    assert len({i.split("_")[0] for i in ids}) == 1, f"not one array: {ids}"
+    assert sorted(int(i.split("_")[1]) for i in ids) == list(range(8))
+    assert len({j[0]["folder"] for j in jobs}) == 1
+    assert len(list((sweep.out / jobs[0][0]["folder"]).glob("*_submission.sh"))) == 1
+
+    rows = wait_finished(sweep.out)
+    assert {r["state"] for r in rows.values()} == {"completed"}, rows
+    assert {r["scheduler"] for r in rows.values()} == {"COMPLETED"}
+    for r in runs:
+        assert RunStore(sweep.out / r.run_id).status()["state"] == "completed"
+        assert metric_steps(sweep.out / r.run_id) == list(range(1, 11))
+        prov = json.loads((sweep.out / r.run_id / "provenance.json").read_text())
+        assert prov["slurm_job_id"] and prov["slurm_array_task_id"] is not None
+    res = CliRunner().invoke(sweep_app, ["status", str(sweep.out)])
+    assert res.exit_code == 0 and "completed: 8" in res.output, res.output
+    again = CliRunner().invoke(sweep_app, ["run", str(spec), "--executor", "slurm", "--profile", str(DEV_PROFILE),
+                                           "--quiet"])
+    assert again.exit_code == 0 and "0 submitted, 8 already finished" in again.output, again.output
+    assert len(sbatch_calls.read_text().splitlines()) == 1  # nothing to submit: no sbatch at all
+
+
+# --- (b) scancel -> cancelled -> resubmitted alone ---------------------------------------------------
+
+def test_scancelled_run_is_cancelled_and_rerun_resubmits_only_it(tmp_path):
+    steps = 200
+    spec = write_spec(tmp_path, "cancel", steps=steps, seeds=[0, 1])
+    sweep = load_spec(spec)
+    runs = expand(sweep)
+    victim, other = runs[0].run_id, runs[1].run_id
+    launch(sweep, runs, executor="slurm", profile=DEV_PROFILE)
+    job = read_manifest(sweep.out)["runs"][victim]["jobs"][0]["job_id"]
+    wait_for(f"{victim} training", lambda: (RunStore(sweep.out / victim).status() or {}).get("step", 0) >= 2, 90, 0.1)
+    subprocess.run(["scancel", job], check=True)
+
+    def cancelled():
+        res = CliRunner().invoke(sweep_app, ["status", str(sweep.out), "--json"])
+        rows = {r["run_id"]: r for r in json.loads(res.output)}
+        return rows if rows[victim]["state"] == "cancelled" else None
+    rows = wait_for("scancelled run shown as cancelled", cancelled, 60)
+    assert rows[victim]["scheduler"] == "CANCELLED" and rows[victim]["step"] < steps
+    rows = wait_finished(sweep.out)
+    assert rows[other]["state"] == "completed" and rows[victim]["state"] == "cancelled"
+
+    res = CliRunner().invoke(sweep_app, ["run", str(spec), "--executor", "slurm", "--profile", str(DEV_PROFILE),
+                                         "--quiet"])
+    assert res.exit_code == 0 and "1 submitted, 1 already finished" in res.output, res.output
+    m = read_manifest(sweep.out)
+    assert len(m["runs"][victim]["jobs"]) == 2 and len(m["runs"][other]["jobs"]) == 1
+    new = m["runs"][victim]["jobs"][1]["job_id"]
+    assert new.split("_")[0] != job.split("_")[0]  # a new (one-task) array
+    rows = wait_finished(sweep.out)
+    assert rows[victim]["state"] == "completed" and rows[other]["state"] == "completed", rows
+    assert metric_steps(sweep.out / victim) == list(range(1, steps + 1))  # restarted: every step exactly once
+
+
+# --- (c) time limit -> checkpoint -> requeue -> resume ----------------------------------------------
+
+def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
+    # `time: 1` (minute) with USR2 20 s before the limit. slurmctld checks limits every 30 s and sends the
+    # warning up to 30 s early, so USR2 lands 10-40 s into the job (after submitit's handler is up: a
+    # signal before it would kill the worker) and the kill follows 30 s later. The run needs ~50+ s of
+    # training, so the warning always finds it mid-run; checkpoint_every 0: any checkpoint is the preemption's.
+    steps = 1500
+    spec = write_spec(tmp_path, "timeout", steps=steps, overrides={"checkpoint_every": 0})
+    profile = write_profile(tmp_path, time=1, signal_delay_s=20)
+    sweep = load_spec(spec)
+    (run,) = expand(sweep)
+    run_dir = sweep.out / run.run_id
+    launch(sweep, [run], executor="slurm", profile=profile)
+    job = read_manifest(sweep.out)["runs"][run.run_id]["jobs"][0]
+    job_id = job["job_id"]
+
+    # submitit requeues the task itself (scontrol requeue); SLURM then holds it ~120 s (BeginTime):
+    # release it, not in the same second as the kill, and lift its limit so the resumed part is not cut again.
+    requeues, deadline = 0, time.monotonic() + 200
+    while (RunStore(run_dir).status() or {}).get("state") != "completed":
+        assert time.monotonic() < deadline, f"not completed: {RunStore(run_dir).status()}, squeue {squeue(job_id)}"
+        state, reason = squeue(job_id)
+        if state == "PENDING" and reason == "BeginTime":
+            requeues += 1
+            assert requeues <= 3, "requeued again and again"
+            st = RunStore(run_dir).status()
+            assert st["state"] == "running" and 0 < st["step"] < steps, st  # the preemption exit is not a failure
+            time.sleep(2)
+            scontrol("update", f"JobId={job_id}", "StartTime=now", "TimeLimit=5")
+            wait_for("released task to leave BeginTime", lambda: squeue(job_id) != (state, reason), 30, 0.2)
+        time.sleep(0.5)
+    assert requeues >= 1, "the time limit warning never requeued the job"
+
+    (row,) = wait_finished(sweep.out, timeout=60).values()
+    assert row["state"] == "completed" and row["job_id"] == job_id
+    assert metric_steps(run_dir) == list(range(1, steps + 1))  # each step exactly once
+    assert [r["step"] for r in RunStore(run_dir).read("evals")] == [0, steps]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 < ckpt["step"] < steps  # saved at a step boundary mid-run, by the warning (no scheduled checkpoints)
+    log = (sweep.out / job["folder"] / f"{job_id}_0_log.err").read_text()
+    assert "Caught signal SIGUSR2" in log and "timed-out" in log, log[-3000:]
+    assert "Exiting gracefully after preemption/timeout" in log
+    assert log.count("Starting with JobEnvironment") == requeues + 1  # the requeued task ran again
+    sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-D", "-j", job_id, "-o", "JobID,State"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert any(line.endswith("|REQUEUED") for line in sacct) and sacct[-1].endswith("|COMPLETED"), sacct
+
+
+# --- (d) a run that raises --------------------------------------------------------------------------
+
+def test_run_that_raises_is_failed_with_traceback(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump({"name": "bad", "out": str(tmp_path / "runs"), "base": {
+        "config": str(ROOT / "configs/quickstart.yaml"),
+        "overrides": {"model.path": str(tmp_path / "no-such-model"), "steps": 1, "tracking.wandb.mode": "disabled"}}}))
+    sweep = load_spec(spec)
+    runs = expand(sweep)  # a valid config: it fails only when the worker loads the model
+    launch(sweep, runs, executor="slurm", profile=DEV_PROFILE)
+    (row,) = wait_finished(sweep.out, timeout=90).values()
+    assert row["state"] == "failed" and row["scheduler"] == "FAILED", row
+    assert "no-such-model" in row["error"]
+    status = json.loads((sweep.out / runs[0].run_id / "status.json").read_text())
+    assert status["state"] == "failed" and "Traceback" in status["error"] and "no-such-model" in status["error"]
+
+
+# --- (e) a partition the cluster does not have --------------------------------------------------------
+
+def test_unknown_partition_is_a_clear_error_and_submits_nothing(tmp_path, sbatch_calls):
+    spec = write_spec(tmp_path, "nopart", steps=5, seeds=[0, 1])
+    profile = write_profile(tmp_path, partition="no-such-partition")
+    res = CliRunner().invoke(sweep_app, ["run", str(spec), "--executor", "slurm", "--profile", str(profile)])
+    assert res.exit_code == 2, res.output
+    assert str(profile) in res.output and "no-such-partition" in res.output, res.output
+    assert "nothing submitted" in res.output and "Invalid partition" in res.output, res.output  # sbatch's words
+    assert len(sbatch_calls.read_text().splitlines()) == 1  # sbatch was asked once, and refused
+    out = tmp_path / "runs"
+    assert read_manifest(out) is None
+    assert not list(out.glob(".submitit/*/*")) if out.exists() else True
+    queued = subprocess.run(["squeue", "-h", "-n", "nopart", "-o", "%i"], capture_output=True, text=True, check=True)
+    assert queued.stdout.strip() == ""
