@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ablate.config import TaskConfig
-from ablate.tasks.arithmetic import build as build_task, is_heldout, random_problem
+from ablate.tasks.arithmetic import build as build_task
+from ablate.tasks.arithmetic import is_heldout, random_problem
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 CHARS = string.printable  # digits, letters, punctuation, space, \t \n ...: every char is one token

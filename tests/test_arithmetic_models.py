@@ -3,13 +3,12 @@
 import json
 import os
 
-import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from ablate.config import TaskConfig
-from ablate.models import (BuildSettings, build_base_model, build_tokenizer, load_model, load_tokenizer)
+from ablate.models import BuildSettings, build_base_model, build_tokenizer, load_model, load_tokenizer
 from ablate.tasks.arithmetic import build, is_heldout, make_problem
 from ablate.tasks.base import Problem
 

@@ -175,7 +175,11 @@ def load_study(*paths: str | Path, cache: bool = True) -> Study:
     runs = pd.DataFrame([_run_row(d) for d in data])
     if runs.empty:
         runs = pd.DataFrame(columns=["run_id", "run_dir", "state", "error", "last_step", "planned_steps"])
+    if runs["run_id"].duplicated().any():  # the same run copied into two folders: keep both, apart
+        runs["run_id"] = runs["run_id"] + runs.groupby("run_id").cumcount().map(lambda i: f"#{i + 1}" if i else "")
     runs, factors = assign_arms(runs, paths)
+    by_dir = {str(d.run_dir): d for d in data}
+    data = [by_dir[r] for r in runs["run_dir"]]
     ids = list(runs["run_id"])
     return Study(runs, _concat_wide(data, "metrics", ids), _concat_wide(data, "evals", ids), factors, data)
 
