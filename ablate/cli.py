@@ -46,9 +46,11 @@ def base_model(
     base_model_cli(str(out), seed)
 
 
+from ablate.cli_report import report  # noqa: E402
 from ablate.cli_sweep import sweep_app  # noqa: E402
 
 app.add_typer(sweep_app, name="sweep")
+app.command("report")(report)
 
 
 def main() -> None:  # console script entry point

@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ablate.cli_sweep import sweep_app
-from ablate.launch import launch, read_manifest, sweep_status
+from ablate.launch import ACTIVE, launch, read_manifest, sweep_status
 from ablate.store import RunStore
 from ablate.sweep import expand, load_spec
 
@@ -98,10 +98,11 @@ def wait_for(what, check, timeout, every=0.5):
 
 
 def wait_finished(out, timeout=150) -> dict[str, dict]:
-    """Every run of the sweep in a final state (as `sweep status` sees it)."""
+    """Every run of the sweep in a final state (as `sweep status` sees it) and its job gone from the queue
+    (a run store says `completed` a moment before its job has ended)."""
     def done():
         rows = rows_by_id(out)
-        return rows if all(r["state"] in FINISHED for r in rows.values()) else None
+        return rows if all(r["state"] in FINISHED and r["scheduler"] not in ACTIVE for r in rows.values()) else None
     try:
         return wait_for("sweep finished", done, timeout, every=1.0)
     except AssertionError:
@@ -164,11 +165,14 @@ def test_grid_is_one_job_array_and_completes(tmp_path, sbatch_calls):
 # --- (b) scancel -> cancelled -> resubmitted alone ---------------------------------------------------
 
 def test_scancelled_run_is_cancelled_and_rerun_resubmits_only_it(tmp_path):
-    steps = 200
-    spec = write_spec(tmp_path, "cancel", steps=steps, seeds=[0, 1])
+    # The victim trains ~7 s: still running when scancel's SIGKILL comes (KillWait, 2 s after a SIGTERM that
+    # submitit ignores); the other run is short, so it has completed by the time `sweep run` comes again.
+    steps = 600
+    spec = write_spec(tmp_path, "cancel", steps=steps, grid={"steps": [steps, 5]})
     sweep = load_spec(spec)
     runs = expand(sweep)
     victim, other = runs[0].run_id, runs[1].run_id
+    assert runs[0].config.steps == steps
     launch(sweep, runs, executor="slurm", profile=DEV_PROFILE)
     job = read_manifest(sweep.out)["runs"][victim]["jobs"][0]["job_id"]
     wait_for(f"{victim} training", lambda: (RunStore(sweep.out / victim).status() or {}).get("step", 0) >= 2, 90, 0.1)
@@ -198,19 +202,23 @@ def test_scancelled_run_is_cancelled_and_rerun_resubmits_only_it(tmp_path):
 # --- (c) time limit -> checkpoint -> requeue -> resume ----------------------------------------------
 
 def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
-    # `time: 1` (minute) with USR2 20 s before the limit. slurmctld checks limits every 30 s and sends the
-    # warning up to 30 s early, so USR2 lands 10-40 s into the job (after submitit's handler is up: a
-    # signal before it would kill the worker) and the kill follows 30 s later. The run needs ~50+ s of
-    # training, so the warning always finds it mid-run; checkpoint_every 0: any checkpoint is the preemption's.
-    steps = 1500
-    spec = write_spec(tmp_path, "timeout", steps=steps, overrides={"checkpoint_every": 0})
-    profile = write_profile(tmp_path, time=1, signal_delay_s=20)
+    # `time: 1` (minute) with USR2 12 s before the limit. slurmctld checks limits every 30 s and sends the
+    # warning up to 30 s early, so USR2 lands 18-48 s into the job: after the trainer is up (start-up takes
+    # 5 s, ~14 s on a busy box; a signal before submitit's handler would kill the worker, one before the
+    # trainer's guard would requeue without a checkpoint), and the kill would follow 30 s later. The long
+    # run needs 54-70 s of training (12-16 ms a toy step), so the warning finds it mid-run; checkpoint_every
+    # 0: any checkpoint is the preemption's. A short second run makes the submission a real job array.
+    steps = 4500
+    spec = write_spec(tmp_path, "timeout", steps=steps, overrides={"checkpoint_every": 0}, grid={"steps": [steps, 3]})
+    profile = write_profile(tmp_path, time=1, signal_delay_s=12)
     sweep = load_spec(spec)
-    (run,) = expand(sweep)
+    runs = expand(sweep)
+    (run,) = [r for r in runs if r.config.steps == steps]
     run_dir = sweep.out / run.run_id
-    launch(sweep, [run], executor="slurm", profile=profile)
+    launch(sweep, runs, executor="slurm", profile=profile)
     job = read_manifest(sweep.out)["runs"][run.run_id]["jobs"][0]
     job_id = job["job_id"]
+    assert "_" in job_id  # an array task
 
     # submitit requeues the task itself (scontrol requeue); SLURM then holds it ~120 s (BeginTime):
     # release it, not in the same second as the kill, and lift its limit so the resumed part is not cut again.
@@ -229,13 +237,14 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
         time.sleep(0.5)
     assert requeues >= 1, "the time limit warning never requeued the job"
 
-    (row,) = wait_finished(sweep.out, timeout=60).values()
-    assert row["state"] == "completed" and row["job_id"] == job_id
+    rows = wait_finished(sweep.out, timeout=60)
+    assert {r["state"] for r in rows.values()} == {"completed"}, rows
+    assert rows[run.run_id]["job_id"] == job_id  # the same task, requeued: no new submission
     assert metric_steps(run_dir) == list(range(1, steps + 1))  # each step exactly once
     assert [r["step"] for r in RunStore(run_dir).read("evals")] == [0, steps]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < ckpt["step"] < steps  # saved at a step boundary mid-run, by the warning (no scheduled checkpoints)
-    log = (sweep.out / job["folder"] / f"{job_id}_0_log.err").read_text()
+    log = "".join((sweep.out / job["folder"] / f"{job_id}_0_log.{ext}").read_text() for ext in ("err", "out"))
     assert "Caught signal SIGUSR2" in log and "timed-out" in log, log[-3000:]
     assert "Exiting gracefully after preemption/timeout" in log
     assert log.count("Starting with JobEnvironment") == requeues + 1  # the requeued task ran again

@@ -1,5 +1,7 @@
-"""Analysis of run stores: loading runs into tidy pandas frames (statistics and reports build on it)."""
+"""Analysis of run stores: loading runs into pandas frames, statistics across seeds (rliable
+conventions), factorial effects, diagnostics and the HTML / Markdown report (docs/report.md)."""
 
-from ablate.analysis.load import load_runs
+from ablate.analysis.load import Study, final_table, find_runs, load_runs, load_study
+from ablate.analysis.report import Report, build_report
 
-__all__ = ["load_runs"]
+__all__ = ["Report", "Study", "build_report", "final_table", "find_runs", "load_runs", "load_study"]

@@ -7,7 +7,8 @@ preset arm sets, or a `zip:` group) form one factor, so confounded toggles are n
 they were separate. Without a manifest everything is inferred from the configs.
 
 The reference level of a factor (the "off" side of an effect) is: the first arm / grid value in the
-sweep spec; else False for booleans; else the smallest value.
+sweep spec; else the RunConfig default (the baseline recipe); else False / none / off; else the smallest
+value.
 """
 
 from __future__ import annotations
@@ -61,10 +62,21 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _sort_key(order: list | None):
+def _defaults() -> dict:
+    try:
+        from ablate.analysis.load import flatten
+        from ablate.config import RunConfig, to_dict
+        return {k: _fmt(v) for k, v in flatten(to_dict(RunConfig())).items()}
+    except Exception:  # noqa: BLE001 - a config that cannot be built just means no default order
+        return {}
+
+
+def _sort_key(order: list | None, default: str | None = None):
     def key(label: str):
         if order and label in order:
             return (0, order.index(label), 0.0, label)
+        if label == default:
+            return (0, -1, 0.0, label)
         low = label.lower()
         if low in ("false", "none", "off"):
             return (1, 0, 0.0, label)
@@ -98,7 +110,7 @@ def assign_arms(runs: pd.DataFrame, paths=()) -> tuple[pd.DataFrame, list[Factor
     for k in varying:
         groups.setdefault(tuple(pd.factorize(labels[k])[0]), []).append(k)
     short = _short([k for k in varying if k != ARM_KEY])
-    factors = []
+    factors, defaults = [], _defaults()
     for ks in groups.values():
         name = "arm" if ARM_KEY in ks else "+".join(short[k] for k in ks)
         main = ARM_KEY if ARM_KEY in ks else ks[0]
@@ -106,7 +118,8 @@ def assign_arms(runs: pd.DataFrame, paths=()) -> tuple[pd.DataFrame, list[Factor
             pd.Series(["/".join(t) for t in zip(*(labels[k] for k in ks))], index=runs.index)
         lvl_order = order.get("arms") if main == ARM_KEY else order.get(main)
         first = dict(zip(lab, labels[main]))  # composite level -> its main key's label (sets the order)
-        levels = sorted(dict.fromkeys(lab), key=lambda v: _sort_key(lvl_order)(first[v]))
+        sort = _sort_key(lvl_order, defaults.get(main))
+        levels = sorted(dict.fromkeys(lab), key=lambda v: sort(first[v]))
         column = f"level:{name}"
         runs[column] = lab.values
         factors.append(Factor(name, tuple(ks), levels, column))

@@ -151,17 +151,15 @@ def _run_row(d: RunData) -> dict:
 
 
 def _concat_wide(data: list[RunData], attr: str, ids: list[str]) -> pd.DataFrame:
-    frames = []
-    for d, rid in zip(data, ids):
-        t = getattr(d, attr)
-        if t.num_rows:
-            df = t.to_pandas()
-            df.insert(0, "run_id", rid)
-            frames.append(df)
-    if not frames:
-        return pd.DataFrame({"run_id": pd.Categorical([]), "step": np.array([], np.int64)})
-    df = pd.concat(frames, ignore_index=True, sort=False)
-    df["run_id"] = pd.Categorical(df["run_id"], categories=list(dict.fromkeys(ids)))
+    """One wide frame for all runs, concatenated in Arrow (one conversion to pandas, not one per run)."""
+    tables = [getattr(d, attr) for d in data]
+    counts = np.array([t.num_rows for t in tables], np.int64)
+    used = [t for t in tables if t.num_rows]
+    if not used:
+        return pd.DataFrame({"run_id": pd.Categorical([], categories=ids), "step": np.array([], np.int64)})
+    df = pa.concat_tables(used, promote_options="default").to_pandas()
+    codes = np.repeat(np.arange(len(ids), dtype=np.int32), counts)
+    df.insert(0, "run_id", pd.Categorical.from_codes(codes, categories=list(dict.fromkeys(ids))))
     return df
 
 

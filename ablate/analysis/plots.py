@@ -1,0 +1,161 @@
+"""Figures for the report (matplotlib, Agg backend): curves per arm with 95% CI bands, pass@k vs k,
+and an effect forest plot. Each function returns a matplotlib Figure; `to_base64` embeds one."""
+
+from __future__ import annotations
+
+import base64
+import io
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ablate.analysis.stats import mean_band  # noqa: E402
+
+X_AXES = {"steps": ("step", "optimizer step"), "samples": ("counters/samples", "completions generated"),
+          "tokens": ("counters/tokens", "completion tokens generated"), "wall": ("perf/wall_seconds", "wall seconds")}
+PANELS = [("train/reward_mean", "train reward"), (None, "held-out"), ("train/entropy", "entropy (nats/token)"),
+          ("train/dead_all_correct_frac", "dead groups: all correct"), ("train/dead_all_wrong_frac", "dead groups: all wrong"),
+          ("train/kl", "KL to reference"), ("train/completion_len_mean", "response length (tokens)"),
+          ("train/truncation_rate", "truncation rate"), ("train/clip_frac_low", "clip fraction low"),
+          ("train/clip_frac_high", "clip fraction high"), ("eval/train_minus_heldout_reward", "train - held-out reward"),
+          ("train/grad_norm", "grad norm")]
+BINS = 120
+
+
+def to_base64(fig, fmt: str = "png", dpi: int = 80) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _colors(arms: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")
+    return {a: cmap(i % cmap.N) for i, a in enumerate(arms)}
+
+
+def _xmap(study, x: str) -> pd.DataFrame:
+    """run_id, step -> x value (for placing evaluations on a counter / time axis); step 0 is x = 0."""
+    col = X_AXES[x][0]
+    m = study.metrics
+    if col not in m:
+        raise ValueError(f"x axis {x!r} needs metric {col!r}, which these runs did not log")
+    return m[["run_id", "step", col]].rename(columns={col: "_x"})
+
+
+def arm_curves(study, metric: str, x: str, run_arm: pd.Series, arms: list[str]):
+    """{arm: (x grid, mean, lo, hi)} for one metric; runs are binned (train metrics) or placed at their
+    evaluation steps (eval metrics) on a grid shared by all arms."""
+    is_eval = metric in study.evals.columns
+    wide = study.evals if is_eval else study.metrics
+    if metric not in wide.columns:
+        return {}
+    d = wide[["run_id", "step", metric]].dropna(subset=[metric])
+    d = d[d["run_id"].isin(run_arm.index)]
+    if x == "steps":
+        d = d.assign(_x=d["step"].astype(float))
+    else:
+        xm = _xmap(study, x)
+        d = d.merge(xm, on=["run_id", "step"], how="left")
+        d.loc[d["step"] == 0, "_x"] = d.loc[d["step"] == 0, "_x"].fillna(0.0)
+        d = d.dropna(subset=["_x"])
+    if d.empty:
+        return {}
+    if is_eval and x == "steps":
+        grid = np.sort(d["_x"].unique())
+        pos = np.searchsorted(grid, d["_x"].to_numpy())
+    else:
+        lo, hi = float(d["_x"].min()), float(d["_x"].max())
+        nb = min(BINS, d.groupby("run_id", observed=True).size().max())
+        edges = np.linspace(lo, hi + 1e-9 * max(1.0, abs(hi)), nb + 1)
+        grid = (edges[:-1] + edges[1:]) / 2
+        pos = np.clip(np.searchsorted(edges, d["_x"].to_numpy(), side="right") - 1, 0, nb - 1)
+    runs = list(run_arm.index)
+    ridx = pd.Series(np.arange(len(runs)), index=runs)[d["run_id"].astype(str)].to_numpy()
+    key = ridx * len(grid) + pos
+    sums = np.bincount(key, d[metric].to_numpy(float), minlength=len(runs) * len(grid))
+    cnt = np.bincount(key, minlength=len(runs) * len(grid))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        Y = (sums / cnt).reshape(len(runs), len(grid))
+    out = {}
+    arm_arr = run_arm.to_numpy()
+    for arm in arms:
+        sub = Y[arm_arr == arm]
+        if len(sub):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[arm] = (grid, *mean_band(sub))
+    return out
+
+
+def curves_figure(study, metric: str, x: str, run_arm: pd.Series, arms: list[str], ncols: int = 3):
+    panels = [(metric if m is None else m, f"held-out {metric}" if m is None else t) for m, t in PANELS]
+    panels = [(m, t) for m, t in panels if m in study.metrics.columns or m in study.evals.columns]
+    nrows = max(1, -(-len(panels) // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.9 * nrows), squeeze=False)
+    colors = _colors(arms)
+    for ax, (m, title) in zip(axes.flat, panels):
+        for arm, (g, mu, lo, hi) in arm_curves(study, m, x, run_arm, arms).items():
+            ok = np.isfinite(mu)
+            ax.plot(g[ok], mu[ok], color=colors[arm], lw=1.4, label=arm,
+                    marker="o" if m.startswith("eval/") and ok.sum() < 30 else None, ms=3)
+            band = ok & np.isfinite(lo) & np.isfinite(hi)
+            ax.fill_between(g[band], lo[band], hi[band], color=colors[arm], alpha=0.2, lw=0)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(X_AXES[x][1], fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    rows = -(-len(labels) // 3) if labels else 0
+    top = 1 - (0.3 * rows + 0.1) / fig.get_figheight()
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize=9,
+                   bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return fig
+
+
+def passk_figure(table: pd.DataFrame, arms: list[str]):
+    """table: arm, k, mean, lo, hi (the base model as arm 'base (step 0)')."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    colors = _colors(arms)
+    for arm, g in table.groupby("arm", sort=False):
+        g = g.sort_values("k")
+        base = arm.startswith("base")
+        c = "black" if base else colors.get(arm)
+        ax.errorbar(g["k"], g["mean"], yerr=[g["mean"] - g["lo"].fillna(g["mean"]), g["hi"].fillna(g["mean"]) - g["mean"]],
+                    color=c, marker="o", ms=4, capsize=3, lw=1.4, ls="--" if base else "-", label=arm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k (held-out)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def forest_figure(effects: pd.DataFrame, unit: str = ""):
+    """Effects with their CIs; significant (CI excludes 0) in colour, the rest grey."""
+    e = effects.iloc[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(e) + 1.2))
+    y = np.arange(len(e))
+    for i, r in enumerate(e.itertuples()):
+        c = ("tab:blue" if r.estimate > 0 else "tab:red") if r.significant else "grey"
+        lo = r.lo if np.isfinite(r.lo) else r.estimate
+        hi = r.hi if np.isfinite(r.hi) else r.estimate
+        ax.errorbar([r.estimate], [i], xerr=[[r.estimate - lo], [hi - r.estimate]], fmt="o" if r.kind == "main" else "s",
+                    color=c, capsize=4, ms=6)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(y)
+    ax.set_yticklabels(e["term"], fontsize=9)
+    ax.set_xlabel(f"effect {unit}(95% CI)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

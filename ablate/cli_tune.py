@@ -1,0 +1,227 @@
+"""`ablate tune SPEC | status SPEC` (mounted by ablate/cli.py as `app.add_typer(tune_app, name="tune")`).
+
+Also the launcher: `launch(spec, ...)` creates the study and starts the workers of ablate/search.py as
+local processes or one SLURM job array (launch.py's executors and profiles), and `summary(spec)` is
+what `ablate tune status` prints. docs/tune.md describes both.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+
+class _RunByDefault(TyperGroup):
+    """`ablate tune SPEC ...` means `ablate tune run SPEC ...` (the issue's spelling)."""
+
+    def parse_args(self, ctx, args):
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+tune_app = typer.Typer(cls=_RunByDefault, add_completion=False, no_args_is_help=True,
+                       help="Optuna searches over config keys (docs/tune.md): ablate tune SPEC | status SPEC.")
+console = Console()
+
+
+# --- launching ---------------------------------------------------------------------------------------
+
+class TuneWorker:
+    """The submitted callable: one worker pulling trials from the shared storage (local process or array task)."""
+
+    def __init__(self, spec, worker: int, threads: int | None = None):
+        self.spec, self.worker, self.threads = spec, worker, threads
+
+    def __call__(self) -> int:
+        import torch
+
+        from ablate.search import run_worker
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        return run_worker(self.spec, self.worker)
+
+    def checkpoint(self, *args, **kwargs):
+        """SLURM preemption (submitit): save the running trial's run at a step boundary and requeue this
+        worker; the trial itself stays `running` until its heartbeat goes stale, then is retried (resuming)."""
+        import submitit
+
+        from ablate import preemption
+
+        preemption.save_now()
+        return submitit.helpers.DelayedSubmission(TuneWorker(self.spec, self.worker, self.threads))
+
+
+def launch(spec, executor: str | None = None, workers: int | None = None, profile: str | Path | None = None,
+           wait: bool = True) -> list:
+    """Create the study, then start the workers: `local` processes (waits for them unless wait=False), one
+    `slurm` job array (returns at once) or `inline` (one worker in this process). Returns the submitit jobs."""
+    import submitit
+
+    from ablate import launch as L
+    from ablate.search import open_study, run_worker
+
+    executor = executor or spec.executor["name"]
+    workers = workers or spec.executor["workers"]
+    open_study(spec, create=True)  # once, here: workers only load it (no creation race)
+    if executor == "inline":
+        run_worker(spec)
+        return []
+    folder = spec.out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    L._importable()
+    if executor == "slurm":
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex.update_parameters(name=spec.name, timeout_min=spec.executor.get("timeout_min", 60),
+                             slurm_array_parallelism=workers)
+        profile = profile or spec.sweep.slurm_profile
+        ex.update_parameters(**(L.load_profile(profile) if profile else {}))
+        return ex.submit_array([TuneWorker(spec, i) for i in range(workers)])
+    ex = submitit.LocalExecutor(folder=folder)
+    ex.update_parameters(timeout_min=spec.executor.get("timeout_min", 7 * 24 * 60))
+    jobs = [ex.submit(TuneWorker(spec, i, max(1, L.cpu_count() // workers))) for i in range(workers)]
+    try:
+        while wait and not all(j.done() for j in jobs):
+            time.sleep(0.5)
+    except KeyboardInterrupt:  # the workers tell their running trials FAIL on SIGINT
+        for j in jobs:
+            j.cancel(check=False)
+        raise
+    return jobs
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+def best_snippet(spec, trial) -> str:
+    """A sweep spec (the search's base + one arm with the trial's values) that reproduces the trial's runs."""
+    import yaml
+
+    text = yaml.safe_dump({"name": f"{spec.name}_best", "base": spec.raw.get("base") or {},
+                           "arms": {f"trial{trial.number}": dict(trial.params)}, "seeds": spec.seeds}, sort_keys=False)
+    return (f"# best trial {trial.number} of {spec.name}: {spec.metric} = {trial.value:.6g} ({spec.direction}, mean "
+            f"over seeds); base.config is relative to {Path(spec.source).parent}/\n{text}")
+
+
+def importances(study, min_trials: int = 4) -> tuple[dict[str, float], str | None]:
+    """Parameter importances over completed trials (Optuna's default evaluator: PED-ANOVA in Optuna 5, which
+    handles conditional parameters), or ({}, why not)."""
+    import optuna
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < min_trials:
+        return {}, f"needs >= {min_trials} completed trials (have {len(done)})"
+    try:
+        return optuna.importance.get_param_importances(study), None
+    except (ValueError, RuntimeError, ZeroDivisionError) as err:
+        return {}, f"not computable: {err}"
+
+
+def summary(spec) -> dict:
+    """Best trial (+ snippet), trials by state, importances, and one row per trial."""
+    import optuna
+
+    from ablate.search import Retry, open_study
+
+    study = open_study(spec)
+    trials = study.get_trials(deepcopy=False)
+    best = study.best_trial if any(t.state == optuna.trial.TrialState.COMPLETE for t in trials) else None
+    imp, why = importances(study)
+    return {"study": spec.name, "storage": spec.storage, "metric": spec.metric, "direction": spec.direction,
+            "counts": dict(Counter(t.state.name.lower() for t in trials)), "importances": imp, "importance_note": why,
+            "best": best and {"number": best.number, "value": best.value, "params": best.params,
+                              "run_ids": best.user_attrs.get("run_ids", [])},
+            "snippet": best and best_snippet(spec, best),
+            "trials": [{"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params,
+                        "run_ids": t.user_attrs.get("run_ids", []), "error": t.user_attrs.get("error"),
+                        "retry_of": Retry.retried_trial_number(t)} for t in trials]}
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+def _load(spec: Path, out: Path | None, storage: str | None):
+    """A bad spec exits 2 with the message (file and key) before any study or trial exists."""
+    from ablate.search import SpecError, load_search
+
+    try:
+        return load_search(spec, out, storage)
+    except SpecError as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+@tune_app.command()
+def run(spec: Path = typer.Argument(..., help="search spec YAML (sweeps/tune_*.yaml)"),
+        executor: str | None = typer.Option(None, "--executor", help="local | slurm | inline (default: the spec's)"),
+        workers: int | None = typer.Option(None, "--workers", help="worker processes / array tasks"),
+        storage: str | None = typer.Option(None, "--storage", help="sqlite:///PATH | journal:PATH | postgresql://..."),
+        profile: Path | None = typer.Option(None, "--profile", help="SLURM profile YAML (slurm/profiles/X.yaml)"),
+        out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`, else runs/<name>)")):
+    """Create (or resume) the study and run its workers until the trial budget is used."""
+    if executor not in (None, "local", "slurm", "inline"):
+        typer.secho(f"error: --executor {executor!r}: expected local, slurm or inline", fg="red", err=True)
+        raise typer.Exit(2)
+    s = _load(spec, out, storage)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    jobs = launch(s, executor, workers, profile)
+    if (executor or s.executor["name"]) == "slurm":
+        console.print(f"submitted {len(jobs)} workers: SLURM array {jobs[0].job_id.split('_')[0]} -> {s.out}")
+        return
+    failed = [j.job_id for j in jobs if not j.paths.result_pickle.exists() or j.exception() is not None]
+    del jobs
+    gc.collect()  # submitit's LocalJob.__del__ fails noisily when it runs at interpreter exit
+    _print_status(s)
+    if failed:
+        typer.secho(f"worker(s) {', '.join(failed)} ended without a result; logs in {s.out / '.submitit'}",
+                    fg="red", err=True)
+        raise typer.Exit(1)
+
+
+@tune_app.command()
+def status(spec: Path = typer.Argument(..., help="search spec YAML"),
+           storage: str | None = typer.Option(None, "--storage", help="default: the spec's"),
+           out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's)"),
+           as_json: bool = typer.Option(False, "--json", help="machine-readable summary")):
+    """Best trial (and a sweep snippet reproducing it), trials by state, parameter importances."""
+    s = _load(spec, out, storage)
+    try:
+        if as_json:
+            typer.echo(json.dumps(summary(s), indent=1, default=str))
+        else:
+            _print_status(s)
+    except KeyError as err:  # optuna.load_study: no such study
+        typer.secho(f"error: no study {s.name!r} in {s.storage} ({err})", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _print_status(s) -> None:
+    info = summary(s)
+    table = Table(title=f"study {s.name} ({s.storage})")
+    keys = [p.key for p in s.params]
+    for col in ["#", "state", s.metric, *keys, "run ids", "note"]:
+        table.add_column(col)
+    for t in info["trials"]:
+        note = f"retry of {t['retry_of']}" if t["retry_of"] is not None else (t["error"] or "").splitlines()[-1:]
+        table.add_row(str(t["number"]), t["state"], "" if t["value"] is None else f"{t['value']:.4g}",
+                      *[str(t["params"].get(k, "-")) for k in keys], " ".join(t["run_ids"]),
+                      note if isinstance(note, str) else "".join(note)[:60])
+    console.print(table)
+    console.print("trials: " + "  ".join(f"{k}: {v}" for k, v in sorted(info["counts"].items())))
+    if info["importances"]:
+        console.print("importance: " + "  ".join(f"{k} {v:.2f}" for k, v in info["importances"].items()))
+    else:
+        console.print(f"importance: {info['importance_note']}")
+    if info["best"]:
+        best = info["best"]
+        console.print(f"best trial {best['number']}: {s.metric} = {best['value']:.4g}; as a sweep spec:")
+        typer.echo(info["snippet"])
+    if s.storage.startswith("sqlite:///"):
+        console.print(f"dashboard: optuna-dashboard {s.storage}", markup=False)

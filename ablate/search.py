@@ -1,0 +1,349 @@
+"""Hyper-parameter search with Optuna over the shared trainer (docs/tune.md).
+
+    spec = load_search("sweeps/tune_toy.yaml")   # checked before any trial starts (SpecError otherwise)
+    run_worker(spec)                             # one worker: ask -> train each seed (reporting evals) -> tell
+
+`ablate tune` (cli_tune.py) creates the study and starts N workers (local processes or a SLURM array)
+on one shared storage. A trial's config is built exactly like a sweep arm (sweep.py), so the best trial
+pasted into a sweep reproduces its run ids; it trains one normal run folder per seed, `<out>/<run_id>/`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled
+from optuna.trial import TrialState
+
+from ablate import config as C
+from ablate import sweep as S
+from ablate.sweep import SpecError
+
+TOP_KEYS = ("name", "description", "base", "search", "objective", "trials", "seeds", "sampler", "pruner",
+            "storage", "heartbeat", "executor", "slurm_profile", "out")
+RANGE = ("type", "low", "high", "log", "step", "when")
+PARAM_KEYS = {"float": RANGE, "int": RANGE, "categorical": ("type", "choices", "when")}
+SAMPLERS = {"tpe": (optuna.samplers.TPESampler, ("seed", "n_startup_trials", "multivariate", "group",
+                                                 "constant_liar")),
+            "random": (optuna.samplers.RandomSampler, ("seed",)), "grid": (optuna.samplers.GridSampler, ("seed",)),
+            "cmaes": (optuna.samplers.CmaEsSampler, ("seed", "n_startup_trials", "sigma0", "restart_strategy"))}
+PRUNERS = {"median": (optuna.pruners.MedianPruner, ("n_startup_trials", "n_warmup_steps", "interval_steps")),
+           "hyperband": (optuna.pruners.HyperbandPruner, ("min_resource", "max_resource", "reduction_factor")),
+           "none": (optuna.pruners.NopPruner, ())}
+OPS = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+       "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "in": lambda a, b: a in b}
+EVAL_METRICS = ("greedy_acc", "reward_mean", "completion_len_mean", "frac_never_solved", "frac_always_solved",
+                "train_minus_heldout_reward")
+HEARTBEAT = {"interval_s": 60, "grace_period_s": 180, "max_retry": 3}
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")  # we beat it
+
+
+@dataclass(frozen=True)
+class Param:
+    key: str                                   # dotted config key, or "preset"
+    kind: str                                  # float | int | categorical
+    low: Any = None                            # float / int: low, high, log, step
+    high: Any = None
+    log: bool = False
+    step: Any = None
+    choices: tuple = ()                        # categorical
+    when: dict = field(default_factory=dict)   # earlier key -> {op: value}: the param exists only if all hold
+
+    def grid(self) -> list:
+        step = self.step or 1
+        return list(self.choices) or [self.low + i * step for i in range(int((self.high - self.low) / step + 1e-9) + 1)]
+
+
+@dataclass
+class SearchSpec:
+    source: str
+    raw: dict
+    sweep: S.Sweep            # the base part (name, base, seeds, slurm_profile, out), parsed by sweep.parse_spec
+    params: list[Param]
+    metric: str
+    direction: str
+    last_k: int
+    n_trials: int
+    seeds: list[int]
+    sampler: dict
+    pruner: dict
+    storage: str
+    heartbeat: dict
+    executor: dict
+    steps: int                # the base config's steps: the pruning step axis is seed index * steps + step
+
+    name = property(lambda self: self.sweep.name)
+    out = property(lambda self: self.sweep.out)
+
+
+# --- the spec ----------------------------------------------------------------------------------------
+
+def load_search(path: str | Path, out: str | Path | None = None, storage: str | None = None) -> SearchSpec:
+    """Read and check a search spec (`out`, `storage` override the spec's); SpecError names the file and key."""
+    path, source = Path(path), str(path)
+    if not path.is_file():
+        raise SpecError(f"{source}: no such search spec")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{source}: not valid YAML: {e}") from None
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            raise SpecError(f"{source}: {key}: {msg}")
+
+    def section(key: str, allowed, **defaults) -> dict:
+        body = raw.get(key) or {}
+        need(isinstance(body, dict), key, "expected a mapping")
+        for k in body:
+            need(k in allowed, f"{key}.{k}", f"unknown key; valid keys: {', '.join(allowed)}")
+        return {**defaults, **body}
+
+    need(isinstance(raw, dict), "(top level)", "expected a mapping")
+    for k in raw:
+        need(k in TOP_KEYS, str(k), f"unknown key; valid keys: {', '.join(TOP_KEYS)}")
+    # the sweep spec's part: name, base (config / preset / overrides), seeds, slurm_profile, out
+    sw = S.parse_spec({k: raw[k] for k in ("name", "base", "seeds", "slurm_profile", "out") if k in raw}, source,
+                      path.parent)
+    sw.overrides = {"tracking.wandb.job_type": "tune-trial", **sw.overrides}
+    sw.out = Path(out or sw.out).resolve()  # absolute: workers may start in another directory
+    base_runs = S.expand(sw)  # the base config itself must be valid
+    cfg = base_runs[0].config
+
+    search = raw.get("search")
+    need(isinstance(search, dict) and len(search) > 0, "search", "required: a mapping of config key -> distribution")
+    params: list[Param] = []
+    for k, v in search.items():
+        params.append(_param(f"search.{k}", k, v, [p.key for p in params], need))
+
+    obj = section("objective", ("metric", "direction", "last_k"), direction="maximize", last_k=1)
+    known = [f"eval/pass@{k}" for k in cfg.eval.ks] + [f"eval/{m}" for m in EVAL_METRICS] \
+        + ["eval/pass@1_exact"] * (cfg.task.name == "toy_addition")
+    need(obj.get("metric") in known, "objective.metric",
+         f"{obj.get('metric')!r} is not a held-out metric of this config; one of: {', '.join(known)}")
+    need(obj["direction"] in ("maximize", "minimize"), "objective.direction", "expected maximize or minimize")
+    need(type(obj["last_k"]) is int and obj["last_k"] >= 1, "objective.last_k", "expected an integer >= 1")
+    for key, table, default in (("sampler", SAMPLERS, "tpe"), ("pruner", PRUNERS, "median")):
+        body = raw[key] = section(key, ["name", *sorted({o for _, opts in table.values() for o in opts})], name=default)
+        need(body["name"] in table, f"{key}.name", f"expected one of {', '.join(table)}")
+        opts = table[body["name"]][1]
+        for k in body:
+            need(k == "name" or k in opts, f"{key}.{k}", f"not an option of {body['name']} ({', '.join(opts)})")
+    grid = raw["sampler"]["name"] == "grid"
+    for p in params if grid else ():
+        need(p.kind == "categorical" or p.step is not None or p.kind == "int" and not p.log, f"search.{p.key}",
+             "the grid sampler needs a `step` for floats (and no log ints)")
+    need(raw["sampler"]["name"] != "cmaes" or importlib.util.find_spec("cmaes") is not None, "sampler.name",
+         "cmaes needs the `cmaes` package (pip install cmaes)")
+    heartbeat = section("heartbeat", HEARTBEAT, **HEARTBEAT)
+    need(all(type(v) is int and v >= (k != "max_retry") for k, v in heartbeat.items()), "heartbeat",
+         "interval_s and grace_period_s: integers >= 1, max_retry: an integer >= 0")
+    executor = section("executor", ("name", "workers", "timeout_min"), name="local", workers=1)
+    need(executor["name"] in ("local", "slurm") and type(executor["workers"]) is int and executor["workers"] >= 1,
+         "executor", "name: local or slurm; workers: an integer >= 1")
+    n_trials = raw.get("trials", math.prod(len(p.grid()) for p in params) if grid else None)
+    need(type(n_trials) is int and n_trials >= 1, "trials", "required: an integer >= 1")
+    storage = storage or raw.get("storage") or f"sqlite:///{sw.out / 'study.db'}"
+    need(isinstance(storage, str) and (storage.startswith("journal:") or "://" in storage), "storage",
+         f"expected sqlite:///PATH, journal:PATH or an RDB URL (postgresql://...), got {storage!r}")
+    prefix = next((p for p in ("sqlite:///", "journal:") if storage.startswith(p)), "")
+    storage = prefix + str(Path(storage[len(prefix):]).resolve()) if prefix else storage
+    spec = SearchSpec(source, raw, sw, params, obj["metric"], obj["direction"], obj["last_k"], n_trials,
+                      [r.seed for r in base_runs], raw["sampler"], raw["pruner"], storage, heartbeat, executor,
+                      cfg.steps)
+    for key, make in (("sampler", make_sampler), ("pruner", make_pruner)):
+        try:  # option values (types, ranges) are checked by Optuna itself
+            make(spec)
+        except (TypeError, ValueError) as e:
+            need(False, key, str(e))
+    return spec
+
+
+def _param(key: str, dotted: str, body: Any, earlier: list[str], need) -> Param:
+    """One `search:` entry; `earlier` are the keys listed before it (the only ones a condition may name)."""
+    body = {"type": "categorical", "choices": body} if isinstance(body, list) else body
+    need(isinstance(body, dict) and body.get("type") in PARAM_KEYS, key,
+         f"expected a list of choices or a mapping with type: {' | '.join(PARAM_KEYS)}")
+    kind = body["type"]
+    for k in body:
+        need(k in PARAM_KEYS[kind], f"{key}.{k}", f"unknown key; valid keys: {', '.join(PARAM_KEYS[kind])}")
+    need(dotted != "seed", key, "not searchable (use `seeds:`)")
+    try:
+        tp = str if dotted == "preset" else S.field_type(dotted)
+    except KeyError:
+        tp = need(False, key, f"{dotted!r} is not a config field (see ablate/config.py)")
+    when = body.get("when") or {}
+    need(isinstance(when, dict), f"{key}.when", "expected a mapping of earlier search key -> condition")
+    for k, c in list(when.items()):
+        need(k in earlier, f"{key}.when.{k}", "must be a search key listed before this one")
+        when[k] = c = c if isinstance(c, dict) else {"in": c} if isinstance(c, list) else {"eq": c}
+        need(set(c) <= set(OPS), f"{key}.when.{k}", f"unknown condition; one of {', '.join(OPS)}")
+
+    def check(sub: str, v: Any) -> Any:
+        need(dotted != "preset" or v in C.PRESETS, f"{key}.{sub}", f"unknown preset {v!r} ({', '.join(C.PRESETS)})")
+        try:
+            return C.coerce(v, tp, dotted, None)
+        except C.ConfigError as e:
+            need(False, f"{key}.{sub}", str(e))
+
+    if kind == "categorical":
+        choices = body.get("choices")
+        need(isinstance(choices, list) and len(choices) > 0, f"{key}.choices", "expected a non-empty list")
+        vals = tuple(check(f"choices[{i}]", v) for i, v in enumerate(choices))
+        need(all(v is None or isinstance(v, (bool, int, float, str)) for v in vals) and len(set(vals)) == len(vals),
+             f"{key}.choices", "choices must be distinct scalars (null, bool, number or string)")
+        return Param(dotted, "categorical", choices=vals, when=when)
+    low, high, log, step = body.get("low"), body.get("high"), body.get("log", False), body.get("step")
+    for sub, v in (("low", low), ("high", high), ("step", step or 1)):
+        need(isinstance(v, int if kind == "int" else (int, float)) and not isinstance(v, bool), f"{key}.{sub}",
+             f"expected {'an integer' if kind == 'int' else 'a number'}, got {v!r}")
+    check("low", low), check("high", high)
+    need(low < high, key, f"needs low < high (got low={low}, high={high})")
+    need(isinstance(log, bool), f"{key}.log", "expected true or false")
+    need(not log or low > 0, f"{key}.low", f"a log range needs low > 0 (got {low})")
+    need(step is None or (step > 0 and not log), f"{key}.step", "expected > 0, and not with log: true")
+    return Param(dotted, kind, low, high, log, step, when=when)
+
+
+# --- storage, sampler, pruner, study -----------------------------------------------------------------
+
+def make_storage(url: str, heartbeat: dict = HEARTBEAT) -> optuna.storages.BaseStorage:
+    """journal:PATH -> JournalStorage on a file (no heartbeats); anything else is an RDB URL (sqlite, postgresql,
+    mysql) with heartbeats: trials of dead workers are failed after the grace period and retried."""
+    path = Path(url.split(":", 1)[1].removeprefix("///"))
+    if url.startswith(("journal:", "sqlite:///")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith("journal:"):
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None:
+        url = "postgresql+psycopg2" + url.removeprefix("postgresql")  # SQLAlchemy >= 2.1 defaults to psycopg 3
+    return optuna.storages.RDBStorage(  # sqlite: wait for the write lock instead of "database is locked"
+        url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+        heartbeat_interval=heartbeat["interval_s"], grace_period=heartbeat["grace_period_s"],
+        heartbeat_stale_trial_callback=Retry(max_retry=heartbeat["max_retry"]))
+
+
+class _Grid(optuna.samplers.GridSampler):
+    def after_trial(self, *args) -> None:  # GridSampler calls study.stop(), which ask/tell forbids; the budget stops us
+        pass
+
+
+def make_sampler(spec: SearchSpec, worker: int = 0) -> optuna.samplers.BaseSampler:
+    """Worker i samples with seed + i: identically seeded workers would propose identical trials."""
+    kw = {k: v + worker if k == "seed" and v is not None else v for k, v in spec.sampler.items() if k != "name"}
+    if spec.sampler["name"] == "grid":
+        return _Grid({p.key: p.grid() for p in spec.params}, **kw)
+    return SAMPLERS[spec.sampler["name"]][0](**kw)
+
+
+def make_pruner(spec: SearchSpec) -> optuna.pruners.BasePruner:
+    kw = {"max_resource": spec.steps * len(spec.seeds)} if spec.pruner["name"] == "hyperband" else {}
+    return PRUNERS[spec.pruner["name"]][0](**{**kw, **{k: v for k, v in spec.pruner.items() if k != "name"}})
+
+
+def open_study(spec: SearchSpec, worker: int = 0, create: bool = False) -> optuna.Study:
+    kw = dict(study_name=spec.name, storage=make_storage(spec.storage, spec.heartbeat),
+              sampler=make_sampler(spec, worker), pruner=make_pruner(spec))
+    if not create:
+        return optuna.load_study(**kw)
+    study = optuna.create_study(direction=spec.direction, load_if_exists=True, **kw)
+    if study.direction.name.lower() != spec.direction:
+        raise SpecError(f"{spec.source}: objective.direction: study {spec.name!r} in {spec.storage} exists with "
+                        f"direction {study.direction.name.lower()}")
+    study.set_user_attr("spec", spec.raw)
+    return study
+
+
+# --- one trial ---------------------------------------------------------------------------------------
+
+def suggest(trial: optuna.Trial, params: list[Param]) -> dict[str, Any]:
+    """The trial's values in spec order; a conditional param is asked only when its conditions hold."""
+    values: dict[str, Any] = {}
+    for p in params:
+        if all(k in values and all(OPS[op](values[k], v) for op, v in c.items()) for k, c in p.when.items()):
+            values[p.key] = (trial.suggest_categorical(p.key, p.choices) if p.kind == "categorical" else
+                             trial.suggest_int(p.key, p.low, p.high, log=p.log, step=p.step or 1) if p.kind == "int"
+                             else trial.suggest_float(p.key, p.low, p.high, log=p.log, step=p.step))
+    return values
+
+
+def trial_runs(spec: SearchSpec, values: dict[str, Any], number: int | None = None) -> list[S.RunSpec]:
+    """One validated run per seed: the base sweep with a single arm holding the trial's values."""
+    arm = {**values, **({"tracking.wandb.name": f"{spec.name}-trial{number}"} if number is not None else {})}
+    return S.expand(replace(spec.sweep, arms={"trial": arm}))  # tracking is not in the run id
+
+
+def objective(evals: list[dict], metric: str, last_k: int) -> float:
+    """The metric at the last evaluation, or its mean over the last K (the untrained step-0 row excluded)."""
+    rows = [r[metric] for r in evals if r["step"] > 0][-last_k:]  # a finished run always evaluates its last step
+    return sum(rows) / len(rows)
+
+
+def run_trial(spec: SearchSpec, study: optuna.Study, trial: optuna.Trial) -> str:
+    """Train the trial's runs (one per seed, each evaluation reported for pruning) and tell the study."""
+    from ablate import preemption
+    from ablate.store import RunStore
+    from ablate.trainer import train
+
+    def reporter(offset: int):  # the trainer's should_prune(step, eval_row): report, then ask the pruner
+        return lambda step, ev: trial.report(float(ev[spec.metric]), offset + step) or trial.should_prune()
+
+    with get_heartbeat_thread(trial._trial_id, study._storage):  # what study.optimize does; ask/tell must
+        try:
+            runs = trial_runs(spec, suggest(trial, spec.params), trial.number)
+            for k, v in {"run_ids": [r.run_id for r in runs], "out": str(spec.out),
+                         "worker": f"{os.uname().nodename}:{os.getpid()}"}.items():
+                trial.set_user_attr(k, v)
+            values, states = [], []
+            for i, r in enumerate(runs):  # trials with one config share a run folder: the 2nd waits, then reads it
+                with open(spec.out / f".{r.run_id}.lock", "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    states.append(train(r.config, str(spec.out / r.run_id), False, reporter(i * r.config.steps)))
+                if states[-1] != "completed":
+                    break
+                values.append(objective(RunStore(spec.out / r.run_id).read("evals"), spec.metric, spec.last_k))
+            trial.set_user_attr("states", states), trial.set_user_attr("values", values)
+            if states[-1] not in ("completed", "pruned"):  # diverged
+                raise RuntimeError(f"run {runs[len(states) - 1].run_id} ended {states[-1]}")
+            pruned = states[-1] == "pruned"  # else completed: the mean over seeds
+            study.tell(trial, None if pruned else sum(values) / len(values), TrialState.PRUNED if pruned else None)
+        except Exception as err:  # noqa: BLE001 - a bad trial must not stop the worker
+            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:2000])
+            study.tell(trial, state=TrialState.FAIL)
+        except BaseException:
+            if not preemption.checkpointed_for_requeue():  # preempted: left running; its heartbeat goes stale
+                study.tell(trial, state=TrialState.FAIL)
+            raise
+    return study._storage.get_trial(trial._trial_id).state.name.lower()
+
+
+def run_worker(spec: SearchSpec, worker: int = 0, poll_s: float = 1.0, log=print) -> int:
+    """Pull trials until `trials` configurations were sampled (retries do not count) and none waits; with
+    heartbeats, also wait for running trials to end or go stale (and be retried). Returns trials run."""
+    study = open_study(spec, worker)
+    heartbeat, ran = is_heartbeat_enabled(study._storage), 0
+    spec.out.mkdir(parents=True, exist_ok=True)
+    while True:
+        optuna.storages.fail_stale_trials(study)  # no-op without heartbeats
+        trials = study.get_trials(deepcopy=False)
+        if sum(Retry.retried_trial_number(t) is None for t in trials) >= spec.n_trials \
+                and not any(t.state == TrialState.WAITING for t in trials):
+            if heartbeat and any(t.state == TrialState.RUNNING for t in trials):
+                time.sleep(poll_s)
+                continue
+            return ran
+        trial = study.ask()
+        log(f"worker {worker}: trial {trial.number} {run_trial(spec, study, trial)}")
+        ran += 1

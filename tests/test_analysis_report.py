@@ -1,0 +1,193 @@
+"""Loading, factorial effects, warnings and the HTML/Markdown report on synthetic sweeps with planted
+effects (ablate.analysis.synthetic), plus a headless-Chromium render check."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import ablate
+from ablate.analysis import build_report, final_table, load_study
+from ablate.analysis.render import SECTIONS
+from ablate.analysis.synthetic import write_run, write_sweep
+
+GRID = {"recipe.eps_high": [0.2, 0.28], "recipe.scale": ["group", "none"]}
+PLANTED = dict(effects={"recipe.eps_high": 0.03, "recipe.scale": 0.01},
+               interactions={("recipe.eps_high", "recipe.scale"): 0.02})
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analysis") / "clip_x_norm"
+    write_sweep(root, GRID, seeds=range(4), fail=((3, 1),), **PLANTED)
+    (root / "r009s9").mkdir()                       # a run that died before logging anything
+    cfg = (root / "r000s0" / "config.yaml").read_text().replace("run_id: r000s0", "run_id: r009s9")
+    (root / "r009s9" / "config.yaml").write_text(cfg.replace("seed: 0", "seed: 9"))
+    (root / "r009s9" / "status.json").write_text(json.dumps({"state": "failed", "step": 0, "error": "OOM"}))
+    with open(root / "r000s0" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 101, "train/rew')         # torn last line
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "clip_x_norm.html"
+    return build_report([sweep], out, reps=500), out
+
+
+def test_load_runs_tidy_and_final_table(sweep):
+    df = ablate.load_runs(sweep)
+    assert list(df.columns[:6]) == ["run_id", "run_dir", "state", "step", "metric", "value"]
+    assert {"seed", "recipe.eps_high", "recipe.scale"} <= set(df.columns)
+    assert df[(df.run_id == "r000s0") & (df.metric == "train/reward_mean")].step.max() == 100  # torn line skipped
+    assert set(df.state) == {"completed", "failed"}
+    study = load_study(sweep)
+    ft = final_table(study)
+    assert len(ft) == 17 and ft.run_id.is_unique                          # every run, even one with no logs
+    assert ft.set_index("run_id").loc["r009s9", "state"] == "failed"
+    assert ft.set_index("run_id").loc["r003s1", "last_step"] == 50
+    assert final_table(df).shape[0] == 16                                 # the tidy frame: runs that logged
+
+
+def test_parquet_cache_is_used_and_invalidated(sweep):
+    run = sweep / "r001s2"
+    load_study(run)
+    meta = run / ".ablate-cache" / "meta.json"
+    assert meta.exists() and (run / ".ablate-cache" / "metrics.parquet").exists()
+    before = load_study(run, cache=True).metrics
+    assert before.equals(load_study(run, cache=False).metrics)
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    with open(run / "metrics.jsonl", "a") as f:                            # a new step: the cache is stale
+        f.write(json.dumps({**row, "step": 101}) + "\n")
+    assert load_study(run).metrics.step.max() == 101
+    lines = (run / "metrics.jsonl").read_text().splitlines()[:-1]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_factors_from_manifest_and_without(sweep, tmp_path):
+    with_m = load_study(sweep)
+    assert [(f.name, f.levels) for f in with_m.factors] == [("eps_high", ["0.2", "0.28"]), ("scale", ["group", "none"])]
+    bare = tmp_path / "bare"
+    shutil.copytree(sweep, bare, ignore=shutil.ignore_patterns("manifest.json", "r009s9", ".ablate-cache"))
+    without = load_study(bare)
+    assert [(f.name, f.levels) for f in without.factors] == [(f.name, f.levels) for f in with_m.factors]
+    assert list(without.runs.arm.unique()) == list(with_m.runs.arm[with_m.runs.run_id != "r009s9"].unique())
+
+
+def test_confounded_keys_form_one_factor(tmp_path):
+    write_sweep(tmp_path, {"recipe.scale": ["group", "none"]}, seeds=range(2), manifest=False, samples=False)
+    for d in tmp_path.glob("r001*"):                # loss_agg moves with scale: one factor, not two
+        (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("recipe:\n", "recipe:\n  loss_agg: tok\n"))
+    for d in tmp_path.glob("r000*"):
+        (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("recipe:\n", "recipe:\n  loss_agg: seq\n"))
+    f = load_study(tmp_path).factors
+    assert len(f) == 1 and f[0].name == "loss_agg+scale" and f[0].levels == ["seq/group", "tok/none"]
+
+
+def test_factorial_effects_recover_planted_values(report):
+    rep, _ = report
+    e = rep.effects.set_index("term")
+    # eps_high main effect: 0.03 + half the interaction; scale: 0.01 + 0.01; interaction (difference of differences)
+    for term, want in [("eps_high=0.28", 0.04), ("scale=none", 0.02), ("eps_high=0.28 x scale=none", 0.02)]:
+        assert e.loc[term, "estimate"] == pytest.approx(want)
+        assert e.loc[term, "lo"] == pytest.approx(want) and e.loc[term, "hi"] == pytest.approx(want)  # no run noise
+        assert e.loc[term, "paired"] and e.loc[term, "n"] == 3          # seed 1 lost a cell (failed run)
+    assert rep.headline[0].startswith("eps_high 0.2 -> 0.28: +4.0 pass@1 points [4.0, 4.0]; interaction with scale: +2.0")
+
+
+def test_effects_with_noise_cover_the_truth(tmp_path):
+    write_sweep(tmp_path, GRID, seeds=range(6), noise=0.01, rng_seed=4, samples=False, **PLANTED)
+    rep = build_report([tmp_path], None, figures=False, reps=1000)
+    e = rep.effects.set_index("term")
+    assert e.loc["eps_high=0.28", "lo"] < 0.04 < e.loc["eps_high=0.28", "hi"] and e.loc["eps_high=0.28", "significant"]
+
+
+def test_failed_runs_are_labelled_and_warned(report):
+    rep, _ = report
+    runs = rep.runs.set_index("run_id")
+    assert not runs.loc["r003s1", "included"] and "failed" in runs.loc["r003s1", "reason"]
+    assert runs.loc["r009s9", "state"] == "failed"
+    assert any("r003s1" in w and "failed" in w for w in rep.warnings)
+    assert any("r009s9" in w and "OOM" in w for w in rep.warnings)
+    assert "r003s1 (state failed)" in rep.arms.set_index("arm").loc["eps_high=0.28, scale=none", "excluded"]
+
+
+def test_few_seeds_and_spread_warnings(tmp_path):
+    write_sweep(tmp_path, {"recipe.eps_high": [0.2, 0.28]}, seeds=range(2), seed_sd=0.1,
+                effects={"recipe.eps_high": 0.001}, noise=0.05, samples=False)
+    rep = build_report([tmp_path], None, figures=False)
+    assert any("2 usable seed(s)" in w for w in rep.warnings)
+    assert any("spread" in w and "exceeds the effect" in w for w in rep.warnings)
+
+
+def test_reward_hacking_warning(tmp_path):
+    rng = np.random.default_rng(0)
+    for s in range(3):
+        d = tmp_path / f"run{s}"
+        write_run(d, {"run_id": f"h{s}", "seed": s, "steps": 100}, final=0.9, steps=100, rng=rng)
+        evals = [{"step": st, "eval/pass@1": p} for st, p in zip(range(0, 101, 25), [0.1, 0.4, 0.5, 0.3, 0.2])]
+        (d / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    rep = build_report([tmp_path], None, figures=False)
+    assert any("reward hacking" in w for w in rep.warnings)
+
+
+def test_report_has_every_section(report):
+    rep, out = report
+    text = out.read_text()
+    for key, title in SECTIONS:
+        assert f"id='{key}'" in text, key
+    assert text.count("data:image/png;base64,") == 3                       # curves, pass@k, forest
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    md = out.with_suffix(".md").read_text()
+    for title in ("Headline", "Setup", "Warnings", "Ranking", "Factorial effects", "pass@k", "Diagnostics", "Runs"):
+        assert f"## {title}" in md
+    assert "base (step 0)" in set(rep.passk.arm) and rep.passk.k.max() == 8
+    assert len(rep.samples) == 4
+
+
+@pytest.mark.parametrize("x", ["samples", "tokens", "wall"])
+def test_other_x_axes(sweep, x):
+    rep = build_report([sweep], None, x=x, reps=100)
+    assert "curves" in rep.figures
+
+
+def test_bad_inputs(sweep):
+    with pytest.raises(ValueError, match="x must be"):
+        build_report([sweep], None, x="epochs")
+    with pytest.raises(ValueError, match="not logged"):
+        build_report([sweep], None, metric="eval/nope", figures=False)
+
+
+def test_cli(sweep, tmp_path):
+    from ablate.cli_report import report_app
+
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(report_app, [str(sweep), "-o", str(out), "--metric", "eval/pass@8", "--x", "tokens",
+                                          "--reps", "200", "--json"])
+    assert res.exit_code == 0, res.output
+    assert out.exists() and out.with_suffix(".md").exists() and "eps_high" in res.output
+    assert CliRunner().invoke(report_app, [str(tmp_path / "nope")]).exit_code == 2
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs /usr/bin/chromium (apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    from PIL import Image
+
+    _, out = report
+    png = tmp_path / "shot.png"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+           f"--screenshot={png}", "--window-size=1200,2000", f"file://{Path(out).resolve()}"]
+    subprocess.run(cmd, capture_output=True, timeout=120)
+    assert png.exists() and png.stat().st_size > 20_000
+    pixels = np.asarray(Image.open(png).convert("L"), dtype=float)
+    assert pixels.shape == (2000, 1200)
+    assert pixels.std() > 20 and (pixels < 128).mean() > 0.01               # not blank: text and figures
