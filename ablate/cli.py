@@ -48,8 +48,10 @@ def base_model(
 
 from ablate.cli_report import report  # noqa: E402
 from ablate.cli_sweep import sweep_app  # noqa: E402
+from ablate.cli_tune import tune_app  # noqa: E402
 
 app.add_typer(sweep_app, name="sweep")
+app.add_typer(tune_app, name="tune")
 app.command("report")(report)
 
 
