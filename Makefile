@@ -10,10 +10,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: quickstart test
+.PHONY: quickstart test services
+# a 2x2 grid (std normalisation x clip-higher) x 2 seeds of GRPO on the tiny model, then the report
 quickstart: $(VENV)/.installed
 	$(VENV)/bin/ablate base-model --out models/tiny-arith
-	$(VENV)/bin/ablate train configs/quickstart.yaml --out runs/quickstart
+	$(VENV)/bin/ablate sweep run sweeps/quickstart.yaml
+	$(VENV)/bin/ablate report runs/quickstart -o reports/quickstart.html
+	@echo "report: $(CURDIR)/reports/quickstart.html (summary: reports/quickstart.md)"
 
-test: $(VENV)/.installed
+# what the tests run against for real: a one-node SLURM cluster, PostgreSQL, headless Chromium (needs root)
+services:
+	@command -v chromium >/dev/null && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium postgresql >/dev/null; }
+	slurm/dev-cluster start
+	scripts/postgres-dev start
+
+test: $(VENV)/.installed services
 	$(PY) -m pytest -q
