@@ -189,8 +189,14 @@ def sweep_status(out: str | Path) -> list[dict]:
     for rid, e in m["runs"].items():
         st = RunStore(out / rid).status() or {}
         job = jobs.get(rid, {})
+        store_state = st.get("state")
+        if (sched.get(rid) in ("UNKNOWN", "") and store_state in ("failed", "cancelled")
+                and job.get("submitted", 0) > st.get("updated", 0)):
+            # resubmitted, and SLURM accounting does not list the new job yet (sacct lags sbatch by ~0-2 s):
+            # the failed/cancelled store is the previous attempt's, not this job's
+            store_state = None
         rows.append({"run_id": rid, "arm": e.get("arm"), "seed": e.get("seed"), "toggles": e.get("toggles", {}),
-                     "state": effective_state(st.get("state"), sched.get(rid)), "store": st.get("state"),
+                     "state": effective_state(store_state, sched.get(rid)), "store": st.get("state"),
                      "scheduler": sched.get(rid), "step": st.get("step", 0), "steps": e.get("steps"),
                      "job_id": job.get("job_id"), "executor": job.get("executor"), "error": st.get("error")})
     return rows

@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ablate.cli_sweep import sweep_app
-from ablate.launch import ACTIVE, launch, read_manifest, sweep_status
+from ablate.launch import ACTIVE, launch, read_manifest, sweep_status, write_manifest
 from ablate.store import RunStore
 from ablate.sweep import expand, load_spec
 
@@ -285,3 +285,24 @@ def test_unknown_partition_is_a_clear_error_and_submits_nothing(tmp_path, sbatch
     assert not list(out.glob(".submitit/*/*")) if out.exists() else True
     queued = subprocess.run(["squeue", "-h", "-n", "nopart", "-o", "%i"], capture_output=True, text=True, check=True)
     assert queued.stdout.strip() == ""
+
+
+# --- sacct lag after a resubmission -------------------------------------------------------------------
+
+def test_resubmitted_run_not_yet_in_sacct_is_pending(tmp_path):
+    # sacct lists a job ~0-2 s after sbatch. Until then a resubmitted run's store still holds the previous
+    # attempt's `failed`/`cancelled`, which must not be reported (`sweep run` would exit 1 on it).
+    out = tmp_path / "runs"
+    write_manifest(out, {"name": "lag", "runs": {}})
+    m = read_manifest(out)
+    for rid, state in [("a", "failed"), ("b", "cancelled")]:
+        RunStore(out / rid).root.mkdir(parents=True)
+        RunStore(out / rid).set_status(state, 3, "previous attempt")
+        m["runs"][rid] = {"steps": 10, "jobs": [{"executor": "slurm", "job_id": "999999990", "folder": ".submitit/x",
+                                                  "submitted": time.time() + 1}]}  # after the store's update
+    write_manifest(out, m)
+    assert {r["state"] for r in sweep_status(out)} == {"pending"}
+    for e in m["runs"].values():
+        e["jobs"][0]["submitted"] = time.time() - 3600  # a job older than the store's state: the store stands
+    write_manifest(out, m)
+    assert {r["run_id"]: r["state"] for r in sweep_status(out)} == {"a": "failed", "b": "cancelled"}
