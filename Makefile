@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 .PHONY: quickstart test services
-# a 2x2 grid (std normalisation x clip-higher) x 2 seeds of GRPO on the tiny model, then the report
+# a 2x2 grid (std normalisation x KL on/off) x 2 seeds of GRPO on the tiny model, then the report
 quickstart: $(VENV)/.installed
 	$(VENV)/bin/ablate base-model --out models/tiny-arith
 	$(VENV)/bin/ablate sweep run sweeps/quickstart.yaml
