@@ -377,6 +377,19 @@ def _settle(run_dir: Path, job) -> None:
                          f"kill -9 or out of memory); job {job.job_id}, logs in {job.paths.folder}")
 
 
+def _worker_pid_of(out: Path, m: dict, run_id: str) -> int | None:
+    """The live worker process of a local run's latest job (from the `_worker.json` TrainJob writes)."""
+    jobs = m["runs"].get(run_id, {}).get("jobs") or []
+    if not jobs:
+        return None
+    info = out / jobs[-1]["folder"] / f"{jobs[-1]['job_id']}_worker.json"
+    try:
+        pid = json.loads(info.read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if _pid_is_submitit(pid) else None
+
+
 def _mark_cancelled(run_dir: Path) -> None:
     store = RunStore(run_dir)
     st = store.status() or {}
@@ -406,6 +419,13 @@ def cancel(out: str | Path) -> list[str]:
             _mark_cancelled(out / r["run_id"])
     for pid in local:
         os.kill(pid, signal.SIGINT)  # submitit's local controller stops its worker (SIGINT, then SIGKILL)
+    # and every local worker still alive, whatever the controller's state looked like (belt and braces: a
+    # worker that outlives its cancel would finish and overwrite `cancelled` with `completed`)
+    workers = [p for p in (_worker_pid_of(out, m, r["run_id"]) for r in hit if r["executor"] == "local") if p]
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    local += workers
     if slurm:
         subprocess.run(["scancel", *slurm], check=True)
     deadline = time.time() + 120  # mark only once workers are gone, or their last status write wins

@@ -208,7 +208,7 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
     # trainer's guard would requeue without a checkpoint), and the kill would follow 30 s later. The long
     # run needs 54-70 s of training (12-16 ms a toy step), so the warning finds it mid-run; checkpoint_every
     # 0: any checkpoint is the preemption's. A short second run makes the submission a real job array.
-    steps = 4500
+    steps = 12000  # long enough that an idle machine (toy step ~5 ms) is still training at 48 s
     spec = write_spec(tmp_path, "timeout", steps=steps, overrides={"checkpoint_every": 0}, grid={"steps": [steps, 3]})
     profile = write_profile(tmp_path, time=1, signal_delay_s=12)
     sweep = load_spec(spec)
@@ -222,7 +222,7 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
 
     # submitit requeues the task itself (scontrol requeue); SLURM then holds it ~120 s (BeginTime):
     # release it, not in the same second as the kill, and lift its limit so the resumed part is not cut again.
-    requeues, deadline = 0, time.monotonic() + 200
+    requeues, deadline = 0, time.monotonic() + 420
     while (RunStore(run_dir).status() or {}).get("state") != "completed":
         assert time.monotonic() < deadline, f"not completed: {RunStore(run_dir).status()}, squeue {squeue(job_id)}"
         state, reason = squeue(job_id)
