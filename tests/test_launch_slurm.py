@@ -97,7 +97,7 @@ def wait_for(what, check, timeout, every=0.5):
     raise AssertionError(f"{what}: not after {timeout}s (last: {last})")
 
 
-def wait_finished(out, timeout=150) -> dict[str, dict]:
+def wait_finished(out, timeout=300) -> dict[str, dict]:
     """Every run of the sweep in a final state (as `sweep status` sees it) and its job gone from the queue
     (a run store says `completed` a moment before its job has ended)."""
     def done():
@@ -165,9 +165,9 @@ def test_grid_is_one_job_array_and_completes(tmp_path, sbatch_calls):
 # --- (b) scancel -> cancelled -> resubmitted alone ---------------------------------------------------
 
 def test_scancelled_run_is_cancelled_and_rerun_resubmits_only_it(tmp_path):
-    # The victim trains ~7 s: still running when scancel's SIGKILL comes (KillWait, 2 s after a SIGTERM that
+    # The victim trains ~30 s idle: still running when scancel's SIGKILL comes (KillWait, 2 s after a SIGTERM that
     # submitit ignores); the other run is short, so it has completed by the time `sweep run` comes again.
-    steps = 600
+    steps = 6000  # ~30 s on an idle box: 600 steps (3 s) finished inside scancel's KillWait and completed
     spec = write_spec(tmp_path, "cancel", steps=steps, grid={"steps": [steps, 5]})
     sweep = load_spec(spec)
     runs = expand(sweep)
