@@ -1,4 +1,29 @@
 import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")  # tests/test_tracking.py opts in to offline explicitly
+
+SLURM_STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
+SLURM_START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> None:
+    """Fail (never skip) with a clear hint when the dev SLURM cluster is not reachable."""
+    conf = SLURM_STATE_DIR / "slurm.conf"
+    if "SLURM_CONF" not in os.environ and conf.exists() and not Path("/etc/slurm/slurm.conf").exists():
+        os.environ["SLURM_CONF"] = str(conf)  # inherited by sbatch/sacct and by submitit's subprocesses
+    if shutil.which("sinfo") is None:
+        pytest.fail(f"`sinfo` is not on PATH: {SLURM_START_HINT}", pytrace=False)
+    try:
+        res = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {SLURM_START_HINT}", pytrace=False)
+    if res.returncode != 0 or not set(res.stdout.split()) & {"idle", "mixed", "allocated"}:
+        pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {SLURM_START_HINT}",
+                    pytrace=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import SLURM_START_HINT
 from typer.testing import CliRunner
 
 from ablate.cli_sweep import sweep_app
@@ -23,38 +24,19 @@ from ablate.launch import ACTIVE, launch, read_manifest, sweep_status, write_man
 from ablate.store import RunStore
 from ablate.sweep import expand, load_spec
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = str(ROOT / "configs/toy.yaml")
 DEV_PROFILE = ROOT / "slurm/profiles/dev.yaml"
-STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
-START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
 FINISHED = ("completed", "failed", "cancelled", "diverged", "pruned")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster() -> None:
-    """Fail (never skip) with a clear hint when the dev cluster is not reachable."""
-    conf = STATE_DIR / "slurm.conf"
-    if "SLURM_CONF" not in os.environ and conf.exists() and not Path("/etc/slurm/slurm.conf").exists():
-        os.environ["SLURM_CONF"] = str(conf)  # inherited by sbatch/sacct and by submitit's subprocesses
-    if shutil.which("sinfo") is None:
-        pytest.fail(f"`sinfo` is not on PATH: {START_HINT}", pytrace=False)
-    try:
-        res = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {START_HINT}", pytrace=False)
-    if res.returncode != 0 or not set(res.stdout.split()) & {"idle", "mixed", "allocated"}:
-        pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {START_HINT}",
-                    pytrace=False)
 
 
 @pytest.fixture
 def sbatch_calls(tmp_path, monkeypatch) -> Path:
     """Put a counting `sbatch` first on PATH (submitit runs `sbatch` from PATH): one line per call."""
     real = shutil.which("sbatch")
-    assert real, START_HINT
+    assert real, SLURM_START_HINT
     bin_dir, log = tmp_path / "bin", tmp_path / "sbatch_calls.log"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec "{real}" "$@"\n')

@@ -4,8 +4,6 @@ They never skip silently: if the cluster is not reachable every test fails with 
 how to start it. Deselect them with `-m "not slurm"` on machines without the cluster.
 """
 
-import os
-import shutil
 import subprocess
 import time
 from datetime import datetime
@@ -13,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
-STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
-START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
 WAIT_S = 90
 
@@ -26,25 +22,6 @@ def _run(*args: str) -> str:
     if res.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
     return res.stdout
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster() -> None:
-    """Fail (not skip) every test with a clear hint when the dev cluster is not up."""
-    conf = STATE_DIR / "slurm.conf"
-    if "SLURM_CONF" not in os.environ and conf.exists() and not Path("/etc/slurm/slurm.conf").exists():
-        os.environ["SLURM_CONF"] = str(conf)  # inherited by sbatch/sacct and by submitit's subprocesses
-    if shutil.which("sinfo") is None:
-        pytest.fail(f"`sinfo` is not on PATH: {START_HINT}", pytrace=False)
-    try:
-        res = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {START_HINT}", pytrace=False)
-    states = res.stdout.split()
-    if res.returncode != 0 or not set(states) & {"idle", "mixed", "allocated"}:
-        pytest.fail(
-            f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {START_HINT}", pytrace=False
-        )
 
 
 def sbatch(*args: str) -> str:
