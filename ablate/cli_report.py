@@ -21,6 +21,8 @@ def report(
                                     "the Markdown summary goes next to it (.md)"),
     metric: str | None = typer.Option(None, "--metric", help="metric compared across arms (default eval/pass@1)"),
     x: str = typer.Option("steps", "--x", help="x axis of the curves: steps | samples | tokens | wall"),
+    ci: str = typer.Option("t", "--ci", help="interval of means, differences and effects: t (Student/Welch, right "
+                           "at few seeds) | percentile (rliable's bootstrap) | bca"),
     reps: int = typer.Option(2000, "--reps", help="bootstrap replicates"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed (the report is reproducible)"),
     title: str | None = typer.Option(None, "--title"),
@@ -35,7 +37,7 @@ def report(
         raise typer.Exit(2)
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
     try:
-        rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title)
+        rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci)
     except ValueError as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None

@@ -191,3 +191,19 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     pixels = np.asarray(Image.open(png).convert("L"), dtype=float)
     assert pixels.shape == (2000, 1200)
     assert pixels.std() > 20 and (pixels < 128).mean() > 0.01               # not blank: text and figures
+
+
+def test_study_script_runs_on_a_sweep(sweep, tmp_path):
+    """analysis/study.py, the worked Python analysis, on the synthetic sweep: arms, effects, the
+    compute-matched table and its figure."""
+    import sys
+
+    res = subprocess.run([sys.executable, "analysis/study.py", str(sweep), "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "17 runs: {'completed': 15, 'failed': 2}" in res.stdout
+    assert "eps_high=0.28 x scale=none" in res.stdout and "equal budget of" in res.stdout
+    effects = res.stdout.split("factorial effects:")[1]
+    row = next(line.split() for line in effects.splitlines() if line.strip().startswith("eps_high=0.28 "))
+    assert float(row[1]) == pytest.approx(0.03 + 0.02 / 2, abs=0.006)  # planted main effect (+ half the interaction)
+    assert (tmp_path / "study.png").stat().st_size > 10_000

@@ -21,3 +21,24 @@ def test_load_runs_tidy(tmp_path):
     assert sorted(evals.step) == [0, 2, 4]
     # a single run folder works too
     assert ablate.load_runs(tmp_path / "sweep" / "s0")["run_id"].nunique() == 1
+
+
+def test_read_log_edge_cases(tmp_path):
+    """The Arrow fast path and the line-by-line fallback give the same table."""
+    import math
+
+    from ablate.analysis.load import read_log
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "a": NaN, "ok": true, "note": "text"}\n\n{"step": 2, "a": 1.5, "b": 3}\n{"step": 3, "a')
+    t = read_log(p).to_pydict()  # torn last line cut, blank line skipped, text column dropped
+    assert t["step"] == [1, 2] and math.isnan(t["a"][0]) and t["a"][1] == 1.5
+    assert t["ok"] == [1.0, None] and t["b"] == [None, 3.0] and "note" not in t
+
+    p.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": 2}')  # a complete last line without newline is kept
+    assert read_log(p).to_pydict() == {"step": [1, 2], "a": [1.0, 2.0]}
+
+    p.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": oops}\n{"step": 3, "a": 3}\n')  # corrupt middle line
+    assert read_log(p).to_pydict() == {"step": [1, 3], "a": [1.0, 3.0]}
+
+    assert read_log(tmp_path / "absent.jsonl").num_rows == 0

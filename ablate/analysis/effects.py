@@ -1,8 +1,9 @@
 """Comparisons between arms and factorial effects of toggles, on one metric's final value per run.
 
 Every effect is a contrast: a weighted sum of arm (cell) means. With seeds shared across the cells the
-contrast is computed per seed and the seeds are bootstrapped (paired: same seed = same prompts); else
-each cell's runs are resampled independently (the cells are the strata of a stratified bootstrap).
+contrast is computed per seed and those per-seed values are the sample (paired: same seed = same
+prompts); else the cells are independent samples. The interval comes from ablate.analysis.stats
+(`method`: Student t by default, or the percentile / BCa bootstrap).
 
 - Arm vs reference: mean(arm) - mean(reference arm).
 - Main effect of a factor level L: the difference L - reference, averaged over every combination of
@@ -53,7 +54,7 @@ def _cells(scores: pd.DataFrame) -> dict[str, pd.Series]:
 
 
 def contrast(cells: dict[str, pd.Series], weights: dict[str, float], reps=stats.REPS, seed=0,
-             ci=stats.CI) -> stats.Interval:
+             ci=stats.CI, method="t") -> stats.Interval:
     """sum_c w_c * mean(cell c), paired by seed when >= 2 seeds have every cell, else unpaired."""
     used = {a: w for a, w in weights.items() if w != 0}
     if not used or any(a not in cells or len(cells[a]) == 0 for a in used):
@@ -62,18 +63,13 @@ def contrast(cells: dict[str, pd.Series], weights: dict[str, float], reps=stats.
     if len(common) >= 2:
         seeds = sorted(common)
         per_seed = sum(w * cells[a].loc[seeds].to_numpy(float) for a, w in used.items())
-        iv = stats.bootstrap_ci(per_seed, "mean", reps, ci, seed)
+        iv = stats.mean_ci(per_seed, method, reps, ci, seed)
         return stats.Interval(iv.estimate, iv.lo, iv.hi, len(seeds), paired=True)
-    point = float(sum(w * cells[a].mean() for a, w in used.items()))
-    n = min(len(cells[a]) for a in used)
-    if n < 2:
-        return stats.Interval(point, np.nan, np.nan, n, paired=False)
-    boot = sum(w * stats.mean(stats.stratified_resample(cells[a].to_numpy(float), reps, seed + i))
-               for i, (a, w) in enumerate(used.items()))
-    return stats.Interval(point, *stats.percentile_ci(boot, ci), n, paired=False)
+    iv = stats.contrast_ci([cells[a].to_numpy(float) for a in used], list(used.values()), method, reps, ci, seed)
+    return stats.Interval(iv.estimate, iv.lo, iv.hi, iv.n, paired=False)
 
 
-def compare_arms(scores: pd.DataFrame, reps=stats.REPS, seed=0, ci=stats.CI) -> pd.DataFrame:
+def compare_arms(scores: pd.DataFrame, reps=stats.REPS, seed=0, ci=stats.CI, method="t") -> pd.DataFrame:
     """Per arm: seeds used / runs, mean and IQM with CIs, difference to the reference arm (the first in
     design order) and probability of improvement over it, seed spread (sd, ddof=1)."""
     cells = _cells(scores)
@@ -82,9 +78,9 @@ def compare_arms(scores: pd.DataFrame, reps=stats.REPS, seed=0, ci=stats.CI) -> 
     rows = []
     for arm in order:
         v = cells.get(arm, pd.Series(dtype=float)).to_numpy(float)
-        m = stats.bootstrap_ci(v, "mean", reps, ci, seed)
+        m = stats.mean_ci(v, method, reps, ci, seed)
         q = stats.bootstrap_ci(v, "iqm", reps, ci, seed)
-        d = contrast(cells, {arm: 1.0, ref: -1.0}, reps, seed, ci) if arm != ref else None
+        d = contrast(cells, {arm: 1.0, ref: -1.0}, reps, seed, ci, method) if arm != ref else None
         p = (stats.poi_ci(v, cells[ref].to_numpy(float), reps, ci, seed)
              if arm != ref and ref in cells and len(v) else None)
         sub = scores[scores["arm"] == arm]
@@ -106,9 +102,9 @@ def _levels_of(scores: pd.DataFrame, factors) -> dict[tuple, str]:
     return {tuple(r[c] for c in cols): r["arm"] for _, r in scores.drop_duplicates("arm").iterrows()}
 
 
-def factorial_effects(scores: pd.DataFrame, factors, reps=stats.REPS, seed=0, ci=stats.CI) -> pd.DataFrame:
+def factorial_effects(scores: pd.DataFrame, factors, reps=stats.REPS, seed=0, ci=stats.CI, method="t") -> pd.DataFrame:
     """Main effects of every non-reference level of every factor and two-way interactions between
-    factors, each with a bootstrap CI. Empty when fewer than one factor."""
+    factors, each with a CI. Empty when fewer than one factor."""
     cols = ["term", "kind", "estimate", "lo", "hi", "n", "paired", "significant", "coverage",
             "factor", "level", "vs", "factor2", "level2"]
     if not factors:
@@ -117,7 +113,7 @@ def factorial_effects(scores: pd.DataFrame, factors, reps=stats.REPS, seed=0, ci
     rows = []
 
     def add(term, kind, weights, cover, total, **extra):
-        iv = contrast(cells, weights, reps, seed, ci)
+        iv = contrast(cells, weights, reps, seed, ci, method)
         rows.append({"term": term, "kind": kind, "estimate": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": iv.n,
                      "paired": iv.paired, "significant": iv.excludes, "coverage": f"{cover}/{total}", **extra})
 

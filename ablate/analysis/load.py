@@ -25,13 +25,16 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pj
 import pyarrow.parquet as pq
+import yaml
 
 from ablate.store import read_jsonl
 
 CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
 FIRST = ["run_id", "run_dir", "state", "step", "metric", "value"]
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~7x faster
 TERMINAL = ("completed", "failed", "diverged", "cancelled", "pruned")
 
 
@@ -68,6 +71,40 @@ def _wide(rows: list[dict]) -> pa.Table:
     return pa.table(cols)
 
 
+def _numeric(t: pa.Table) -> pa.Table:
+    """step (int64) + every numeric/bool column as float64; text and nested columns are dropped."""
+    cols = {"step": t["step"].cast(pa.int64()) if "step" in t.column_names else pa.array([-1] * t.num_rows, pa.int64())}
+    for name, col in zip(t.column_names, t.columns):
+        typ = col.type
+        if name != "step" and (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)):
+            cols[name] = col.cast(pa.float64())
+    return pa.table(cols)
+
+
+def read_log(path: Path) -> pa.Table:
+    """A JSONL log as a wide table, parsed by Arrow's C++ JSON reader (~10x faster than json.loads per
+    line). A torn last line (no newline yet, not valid JSON) is cut off; a file the fast reader rejects
+    (a corrupt line in the middle, a key that changes type) goes through `read_jsonl`, line by line."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return _wide([])
+    end = data.rfind(b"\n") + 1
+    tail = data[end:]
+    if tail.strip():
+        try:
+            json.loads(tail)
+            data += b"\n"
+        except ValueError:
+            data = data[:end]
+    if not data.strip():
+        return _wide([])
+    try:
+        return _numeric(pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(block_size=len(data) + 1)))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return _wide(read_jsonl(path))
+
+
 def _signature(run_dir: Path) -> list:
     sig = []
     for name in SOURCES:
@@ -90,8 +127,6 @@ class RunData:
 
 def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
     """One run folder (config, status, metrics and evals tables), through the Parquet cache."""
-    import yaml
-
     run_dir = Path(run_dir)
     cdir = run_dir / CACHE
     sig = _signature(run_dir)
@@ -104,15 +139,14 @@ def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
         except (OSError, ValueError, KeyError, pa.ArrowException):
             pass
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config = yaml.load((run_dir / "config.yaml").read_text(), Loader=SafeLoader) or {}
     except (OSError, yaml.YAMLError):
         config = {}
     try:
         status = json.loads((run_dir / "status.json").read_text())
     except (OSError, ValueError):
         status = {}
-    data = RunData(run_dir, config, status, _wide(read_jsonl(run_dir / "metrics.jsonl")),
-                   _wide(read_jsonl(run_dir / "evals.jsonl")))
+    data = RunData(run_dir, config, status, read_log(run_dir / "metrics.jsonl"), read_log(run_dir / "evals.jsonl"))
     if cache:
         try:
             cdir.mkdir(exist_ok=True)

@@ -54,6 +54,16 @@ def _ranking_rows(rep):
             "difference to reference [95% CI]", "P(improvement) [95% CI]", "seed sd", "excluded runs"], rows
 
 
+CI_NAMES = {"t": "Student t (Welch for unpaired arms)", "percentile": "percentile bootstrap (rliable)",
+            "bca": "BCa bootstrap (scipy)"}
+
+
+def _ci_note(rep) -> str:
+    return (f"95% CIs over seeds. Means, differences and effects: {CI_NAMES[rep.ci_method]}, paired by seed where "
+            f"arms share seeds; IQM and P(improvement): percentile bootstrap. A CI that excludes 0 at 3-5 seeds is "
+            f"one draw of a 5%-level test, not a verdict.")
+
+
 def _effect_rows(rep):
     rows = []
     for r in rep.effects.itertuples():
@@ -120,6 +130,7 @@ def html(rep, title: str, meta: dict) -> str:
     p.append("<ul class='warn'>" + "".join(f"<li>{H.escape(w)}</li>" for w in rep.warnings) + "</ul>"
              if rep.warnings else "<p>None.</p>")
     sec("ranking")
+    p.append(f"<p class='meta'>{H.escape(_ci_note(rep))}</p>")
     p.append(_table(*_ranking_rows(rep)))
     sec("effects")
     if rep.effects is not None and len(rep.effects):
@@ -163,7 +174,7 @@ def markdown(rep, title: str, meta: dict) -> str:
     p += ["## Headline", ""] + ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
     p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
-    p += ["## Ranking", "", _table(*_ranking_rows(rep), md=True)]
+    p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
     p += ["## Factorial effects", ""]
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
     if len(rep.passk):

@@ -34,6 +34,7 @@ class Report:
     x: str
     scale: float
     unit: str
+    ci_method: str = "t"                            # interval of means, differences, effects
     setup: dict = field(default_factory=dict)
     scores: pd.DataFrame | None = None
     arms: pd.DataFrame | None = None
@@ -85,7 +86,7 @@ def setup_table(study: Study, scores: pd.DataFrame) -> dict:
             "used_runs": int(scores["included"].sum())}
 
 
-def passk_table(study: Study, scores: pd.DataFrame, reps: int, seed: int) -> pd.DataFrame:
+def passk_table(study: Study, scores: pd.DataFrame, reps: int, seed: int, method: str = "t") -> pd.DataFrame:
     ev = study.evals
     ks = sorted(int(c.split("@")[1]) for c in ev.columns if re.fullmatch(r"eval/pass@\d+", c))
     if not ks or ev.empty:
@@ -100,7 +101,7 @@ def passk_table(study: Study, scores: pd.DataFrame, reps: int, seed: int) -> pd.
         groups += [(a, last.reindex(g["run_id"])[col].dropna().to_numpy()) for a, g in inc.groupby("arm", sort=False)]
         for arm, v in groups:
             if len(v):
-                iv = stats.bootstrap_ci(v, "mean", reps, seed=seed)
+                iv = stats.mean_ci(v, method, reps, seed=seed)
                 rows.append({"arm": arm, "k": k, "mean": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": iv.n})
     return pd.DataFrame(rows)
 
@@ -147,11 +148,14 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str) -> 
 
 def build_report(paths, out: str | Path | None = None, metric: str | None = None, x: str = "steps",
                  reps: int = stats.REPS, seed: int = 0, title: str | None = None, study: Study | None = None,
-                 figures: bool = True) -> Report:
+                 figures: bool = True, ci_method: str = "t") -> Report:
     """Analyse the runs under `paths` (or a loaded `study`) and, if `out` is given, write `out` (HTML)
-    and `out` with suffix .md. Returns the Report (tables as DataFrames)."""
+    and `out` with suffix .md. Returns the Report (tables as DataFrames). `ci_method` sets the interval
+    of means, differences and effects (ablate.analysis.stats.METHODS)."""
     if x not in plots.X_AXES:
         raise ValueError(f"x must be one of {', '.join(plots.X_AXES)}; got {x!r}")
+    if ci_method not in stats.METHODS:
+        raise ValueError(f"ci_method must be one of {', '.join(stats.METHODS)}; got {ci_method!r}")
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     study = study or load_study(*paths)
     if study.runs.empty:
@@ -160,13 +164,13 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
     if metric not in study.evals.columns and metric not in study.metrics.columns:
         raise ValueError(f"metric {metric!r} was not logged by these runs")
     scale, unit = metric_scale(metric)
-    rep = Report(study, metric, x, scale, unit)
+    rep = Report(study, metric, x, scale, unit, ci_method)
     rep.scores = effects.final_scores(study, metric)
     rep.setup = setup_table(study, rep.scores)
-    rep.arms = effects.compare_arms(rep.scores, reps, seed)
-    rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed) if len(study.factors) > 1 \
-        or (study.factors and len(study.factors[0].levels) > 1) else None
-    rep.passk = passk_table(study, rep.scores, reps, seed)
+    rep.arms = effects.compare_arms(rep.scores, reps, seed, method=ci_method)
+    rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed, method=ci_method) \
+        if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
+    rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
     rep.diagnostics = diagnostics.arm_diagnostics(study)
     rep.warnings = effects.seed_warnings(rep.scores, rep.arms, rep.effects if rep.effects is not None else pd.DataFrame())
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
