@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
-import math
 import os
+import random
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -36,7 +36,7 @@ RANGE = ("type", "low", "high", "log", "step", "when")
 PARAM_KEYS = {"float": RANGE, "int": RANGE, "categorical": ("type", "choices", "when")}
 SAMPLERS = {"tpe": (optuna.samplers.TPESampler, ("seed", "n_startup_trials", "multivariate", "group",
                                                  "constant_liar")),
-            "random": (optuna.samplers.RandomSampler, ("seed",)), "grid": (optuna.samplers.GridSampler, ("seed",)),
+            "random": (optuna.samplers.RandomSampler, ("seed",)), "grid": (optuna.samplers.RandomSampler, ("seed",)),
             "cmaes": (optuna.samplers.CmaEsSampler, ("seed", "n_startup_trials", "sigma0", "restart_strategy"))}
 PRUNERS = {"median": (optuna.pruners.MedianPruner, ("n_startup_trials", "n_warmup_steps", "interval_steps")),
            "hyperband": (optuna.pruners.HyperbandPruner, ("min_resource", "max_resource", "reduction_factor")),
@@ -153,8 +153,10 @@ def load_search(path: str | Path, out: str | Path | None = None, storage: str | 
     executor = section("executor", ("name", "workers", "timeout_min"), name="local", workers=1)
     need(executor["name"] in ("local", "slurm") and type(executor["workers"]) is int and executor["workers"] >= 1,
          "executor", "name: local or slurm; workers: an integer >= 1")
-    n_trials = raw.get("trials", math.prod(len(p.grid()) for p in params) if grid else None)
+    n_trials = raw.get("trials", len(grid_points(params)) if grid else None)
     need(type(n_trials) is int and n_trials >= 1, "trials", "required: an integer >= 1")
+    need(not grid or n_trials <= len(grid_points(params)), "trials",
+         f"{n_trials} is more than the grid's {len(grid_points(params)) if grid else 0} configurations")
     storage = storage or raw.get("storage") or f"sqlite:///{sw.out / 'study.db'}"
     need(isinstance(storage, str) and (storage.startswith("journal:") or "://" in storage), "storage",
          f"expected sqlite:///PATH, journal:PATH or an RDB URL (postgresql://...), got {storage!r}")
@@ -235,16 +237,23 @@ def make_storage(url: str, heartbeat: dict = HEARTBEAT) -> optuna.storages.BaseS
         heartbeat_stale_trial_callback=Retry(max_retry=heartbeat["max_retry"]))
 
 
-class _Grid(optuna.samplers.GridSampler):
-    def after_trial(self, *args) -> None:  # GridSampler calls study.stop(), which ask/tell forbids; the budget stops us
-        pass
+def grid_points(params: list[Param]) -> list[dict[str, Any]]:
+    """Every distinct configuration of a grid, in spec order: a conditional parameter multiplies only
+    the configurations where its conditions hold (an inactive one is absent, not a duplicate)."""
+    points: list[dict[str, Any]] = [{}]
+    for p in params:
+        points = [new for v in points for new in ([{**v, p.key: x} for x in p.grid()] if _active(p, v) else [v])]
+    return points
+
+
+def _active(p: Param, values: dict[str, Any]) -> bool:
+    return all(k in values and all(OPS[op](values[k], v) for op, v in c.items()) for k, c in p.when.items())
 
 
 def make_sampler(spec: SearchSpec, worker: int = 0) -> optuna.samplers.BaseSampler:
-    """Worker i samples with seed + i: identically seeded workers would propose identical trials."""
+    """Worker i samples with seed + i: identically seeded workers would propose identical trials. A grid
+    search samples nothing: its points are enqueued once, at creation (open_study), and dequeued."""
     kw = {k: v + worker if k == "seed" and v is not None else v for k, v in spec.sampler.items() if k != "name"}
-    if spec.sampler["name"] == "grid":
-        return _Grid({p.key: p.grid() for p in spec.params}, **kw)
     return SAMPLERS[spec.sampler["name"]][0](**kw)
 
 
@@ -263,6 +272,13 @@ def open_study(spec: SearchSpec, worker: int = 0, create: bool = False) -> optun
         raise SpecError(f"{spec.source}: objective.direction: study {spec.name!r} in {spec.storage} exists with "
                         f"direction {study.direction.name.lower()}")
     study.set_user_attr("spec", spec.raw)
+    if spec.sampler["name"] == "grid" and not study.get_trials(deepcopy=False):
+        # Enqueued once, here, before any worker starts: a worker takes a waiting trial atomically, so no
+        # two workers run one point (Optuna's GridSampler lets simultaneous workers pick the same one).
+        points = grid_points(spec.params)
+        random.Random(spec.sampler.get("seed")).shuffle(points)
+        for values in points[: spec.n_trials]:
+            study.enqueue_trial(values)
     return study
 
 
@@ -272,7 +288,7 @@ def suggest(trial: optuna.Trial, params: list[Param]) -> dict[str, Any]:
     """The trial's values in spec order; a conditional param is asked only when its conditions hold."""
     values: dict[str, Any] = {}
     for p in params:
-        if all(k in values and all(OPS[op](values[k], v) for op, v in c.items()) for k, c in p.when.items()):
+        if _active(p, values):
             values[p.key] = (trial.suggest_categorical(p.key, p.choices) if p.kind == "categorical" else
                              trial.suggest_int(p.key, p.low, p.high, log=p.log, step=p.step or 1) if p.kind == "int"
                              else trial.suggest_float(p.key, p.low, p.high, log=p.log, step=p.step))
@@ -291,6 +307,14 @@ def objective(evals: list[dict], metric: str, last_k: int) -> float:
     return sum(rows) / len(rows)
 
 
+def slurm_job_id() -> str | None:
+    """The SLURM job (array task: JOB_TASK) this worker runs in, None outside SLURM."""
+    env = os.environ
+    if "SLURM_ARRAY_JOB_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return env.get("SLURM_JOB_ID")
+
+
 def run_trial(spec: SearchSpec, study: optuna.Study, trial: optuna.Trial) -> str:
     """Train the trial's runs (one per seed, each evaluation reported for pruning) and tell the study."""
     from ablate import preemption
@@ -304,7 +328,7 @@ def run_trial(spec: SearchSpec, study: optuna.Study, trial: optuna.Trial) -> str
         try:
             runs = trial_runs(spec, suggest(trial, spec.params), trial.number)
             for k, v in {"run_ids": [r.run_id for r in runs], "out": str(spec.out),
-                         "worker": f"{os.uname().nodename}:{os.getpid()}"}.items():
+                         "worker": f"{os.uname().nodename}:{os.getpid()}", "slurm_job": slurm_job_id()}.items():
                 trial.set_user_attr(k, v)
             values, states = [], []
             for i, r in enumerate(runs):  # trials with one config share a run folder: the 2nd waits, then reads it

@@ -149,3 +149,54 @@ def test_killed_worker_trial_fails_and_is_retried_on_postgres(tmp_path, postgres
     assert retries[0].params == killed.params and retries[0].user_attrs["run_ids"] == killed.user_attrs["run_ids"]
     assert RunStore(spec.out / killed.user_attrs["run_ids"][0]).status()["state"] == "completed"
     optuna.delete_study(study_name=spec.name, storage=search.make_storage(spec.storage))
+
+
+@pytest.mark.slurm
+def test_slurm_array_workers_and_a_killed_task_on_postgres(tmp_path, postgres_url, slurm_cluster):
+    """`ablate tune --executor slurm --workers 2` on the dev cluster: one sbatch, one array of 2 tasks
+    pulling trials from PostgreSQL. One task is killed (scancel --signal=KILL, as a node failure would)
+    while it trains: its trial goes stale, is failed and retried by the surviving task."""
+    from typer.testing import CliRunner
+
+    from ablate.cli_tune import tune_app
+
+    spec_path = tmp_path / "spec.yaml"
+    spec = make_spec(tmp_path, postgres_url, trials=3, search={"optim.lr": [0.5, 1.0, 2.0]},
+                     sampler={"name": "grid", "seed": 0}, executor={"name": "slurm", "workers": 2},
+                     base={"config": str(ROOT / "configs" / "toy.yaml"),  # ~5-10 s per trial on one core
+                           "overrides": {"steps": 1500, "eval.every": 500, "tracking.wandb.mode": "disabled"}})
+    res = CliRunner().invoke(tune_app, [str(spec_path), "--storage", postgres_url, "--out", str(spec.out),
+                                        "--profile", str(ROOT / "slurm" / "profiles" / "dev.yaml")])
+    assert res.exit_code == 0 and "submitted 2 workers: SLURM array" in res.output, res.output
+    array = res.output.split("SLURM array ")[1].split()[0]
+    script = next((spec.out / ".submitit").glob("*/*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-1%2" in script and "#SBATCH --partition=debug" in script
+
+    study = search.open_study(spec)
+    deadline, victim = time.time() + 120, None
+    while victim is None and time.time() < deadline:
+        running = [t for t in study.get_trials() if t.state.name == "RUNNING" and t.user_attrs.get("slurm_job")
+                   and (RunStore(spec.out / t.user_attrs["run_ids"][0]).status() or {}).get("step", 0) >= 2]
+        victim = running[0] if running else time.sleep(0.2)
+    assert victim is not None, "no trial started on the cluster"
+    assert victim.user_attrs["slurm_job"].startswith(f"{array}_")
+    subprocess.run(["scancel", "--signal=KILL", "--full", victim.user_attrs["slurm_job"]], check=True)
+
+    def array_done():
+        out = subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout
+        return not out.strip()
+    while not array_done():
+        assert time.time() < deadline + 180, "array tasks did not finish"
+        time.sleep(1)
+    trials = check_study(spec, 3)
+    killed = study._storage.get_trial(victim._trial_id)
+    assert killed.state == optuna.trial.TrialState.FAIL  # failed by the surviving task's stale-heartbeat check
+    retries = [t for t in trials if search.Retry.retried_trial_number(t) == killed.number]
+    assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.COMPLETE
+    assert retries[0].user_attrs["slurm_job"] != killed.user_attrs["slurm_job"]
+    assert {t.user_attrs["slurm_job"] for t in trials} == {f"{array}_0", f"{array}_1"}  # both tasks pulled trials
+    assert sorted(t.params["optim.lr"] for t in trials if t.state.name == "COMPLETE") == [0.5, 1.0, 2.0]
+    for t in trials:
+        if t.state.name == "COMPLETE":
+            assert RunStore(spec.out / t.user_attrs["run_ids"][0]).status()["state"] == "completed"
+    optuna.delete_study(study_name=spec.name, storage=search.make_storage(spec.storage))

@@ -138,6 +138,29 @@ def test_grid_sampler_default_budget_is_the_grid(tmp_path):
     assert spec.params[0].grid() == [0.5, 1.0, 1.5]
 
 
+def test_grid_points_skip_inactive_conditionals_and_are_enqueued_once(tmp_path):
+    d = spec_dict(search={"recipe.kl_coef": [0.0, 0.04],
+                          "recipe.kl_estimator": {"type": "categorical", "choices": ["k1", "k3"],
+                                                  "when": {"recipe.kl_coef": {"gt": 0}}}},
+                  sampler={"name": "grid", "seed": 0})
+    del d["trials"]
+    spec = search.load_search(write(tmp_path, d), out=tmp_path / "runs")
+    # kl_coef 0 once (no estimator), 0.04 with each estimator: 3 configurations, not 2 x 2
+    assert search.grid_points(spec.params) == [{"recipe.kl_coef": 0.0},
+                                               {"recipe.kl_coef": 0.04, "recipe.kl_estimator": "k1"},
+                                               {"recipe.kl_coef": 0.04, "recipe.kl_estimator": "k3"}]
+    assert spec.n_trials == 3
+    study = search.open_study(spec, create=True)
+    search.open_study(spec, create=True)                    # a second launch enqueues nothing more
+    waiting = study.get_trials()
+    assert [t.state.name for t in waiting] == ["WAITING"] * 3
+    assert sorted(map(str, (t.system_attrs["fixed_params"] for t in waiting))) == \
+        sorted(map(str, search.grid_points(spec.params)))
+    d["trials"] = 4
+    with pytest.raises(search.SpecError, match="trials: 4 is more than the grid's 3 configurations"):
+        search.load_search(write(tmp_path, d))
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("tune_*.yaml")), ids=lambda p: p.name)
 def test_shipped_search_specs_load(path):
     spec = search.load_search(path)
