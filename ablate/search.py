@@ -10,10 +10,12 @@ pasted into a sweep reproduces its run ids; it trains one normal run folder per 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import os
 import random
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -23,7 +25,6 @@ from typing import Any
 import optuna
 import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled
 from optuna.trial import TrialState
 
 from ablate import config as C
@@ -307,6 +308,34 @@ def objective(evals: list[dict], metric: str, last_k: int) -> float:
     return sum(rows) / len(rows)
 
 
+def heartbeat_interval(study: optuna.Study) -> int | None:
+    """Seconds between heartbeats; None for storages without them (journal)."""
+    return getattr(study._storage, "get_heartbeat_interval", lambda: None)()
+
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial):
+    """Record the trial's heartbeat every interval while it runs (study.optimize does this; ask/tell
+    leaves it to us), through the storage's public record_heartbeat."""
+    interval, stop = heartbeat_interval(study), threading.Event()
+    if interval is None:
+        yield
+        return
+
+    def beat():
+        while True:
+            study._storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def slurm_job_id() -> str | None:
     """The SLURM job (array task: JOB_TASK) this worker runs in, None outside SLURM."""
     env = os.environ
@@ -324,7 +353,7 @@ def run_trial(spec: SearchSpec, study: optuna.Study, trial: optuna.Trial) -> str
     def reporter(offset: int):  # the trainer's should_prune(step, eval_row): report, then ask the pruner
         return lambda step, ev: trial.report(float(ev[spec.metric]), offset + step) or trial.should_prune()
 
-    with get_heartbeat_thread(trial._trial_id, study._storage):  # what study.optimize does; ask/tell must
+    with heartbeat(study, trial):
         try:
             runs = trial_runs(spec, suggest(trial, spec.params), trial.number)
             for k, v in {"run_ids": [r.run_id for r in runs], "out": str(spec.out),
@@ -357,14 +386,14 @@ def run_worker(spec: SearchSpec, worker: int = 0, poll_s: float = 1.0, log=print
     """Pull trials until `trials` configurations were sampled (retries do not count) and none waits; with
     heartbeats, also wait for running trials to end or go stale (and be retried). Returns trials run."""
     study = open_study(spec, worker)
-    heartbeat, ran = is_heartbeat_enabled(study._storage), 0
+    beats, ran = heartbeat_interval(study) is not None, 0
     spec.out.mkdir(parents=True, exist_ok=True)
     while True:
         optuna.storages.fail_stale_trials(study)  # no-op without heartbeats
         trials = study.get_trials(deepcopy=False)
         if sum(Retry.retried_trial_number(t) is None for t in trials) >= spec.n_trials \
                 and not any(t.state == TrialState.WAITING for t in trials):
-            if heartbeat and any(t.state == TrialState.RUNNING for t in trials):
+            if beats and any(t.state == TrialState.RUNNING for t in trials):
                 time.sleep(poll_s)
                 continue
             return ran
