@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 from optuna.trial import TrialState
 
@@ -94,12 +93,7 @@ class SearchSpec:
 def load_search(path: str | Path, out: str | Path | None = None, storage: str | None = None) -> SearchSpec:
     """Read and check a search spec (`out`, `storage` override the spec's); SpecError names the file and key."""
     path, source = Path(path), str(path)
-    if not path.is_file():
-        raise SpecError(f"{source}: no such search spec")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{source}: not valid YAML: {e}") from None
+    raw = S.read_spec_file(path, "search spec")
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:

@@ -96,17 +96,20 @@ def _is_list_field(dotted: str) -> bool:
 
 # --- loading -----------------------------------------------------------------------------------------
 
+def read_spec_file(path: Path, kind: str) -> Any:
+    """The YAML of a spec file (`kind`: 'sweep spec', 'search spec'), or SpecError naming the file."""
+    if not path.is_file():
+        raise SpecError(f"{path}: no such {kind}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+
+
 def load_spec(path: str | Path) -> Sweep:
     """Read and check a spec file. Raises SpecError naming the file and the key."""
     path = Path(path)
-    src = str(path)
-    if not path.is_file():
-        raise SpecError(f"{src}: no such sweep spec")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{src}: not valid YAML: {e}") from None
-    return parse_spec(raw, src, path.parent)
+    return parse_spec(read_spec_file(path, "sweep spec"), str(path), path.parent)
 
 
 def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Sweep:

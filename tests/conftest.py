@@ -27,3 +27,22 @@ def slurm_cluster() -> None:
     if res.returncode != 0 or not set(res.stdout.split()) & {"idle", "mixed", "allocated"}:
         pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {SLURM_START_HINT}",
                     pytrace=False)
+
+
+def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
+    """Train `cfg` into `run_dir` until a simulated node loss as step `step` starts (the exception
+    escapes the trainer), then undo the fault so that the next train() resumes normally."""
+    from ablate import trainer
+    from ablate.store import RunStore
+
+    real = RunStore.set_status
+
+    def crash(self, state, at, error=None):
+        if state == "running" and at == step:
+            raise RuntimeError("node lost")
+        return real(self, state, at, error)
+
+    monkeypatch.setattr(RunStore, "set_status", crash)
+    with pytest.raises(RuntimeError, match="node lost"):
+        trainer.train(cfg, str(run_dir), progress=False)
+    monkeypatch.setattr(RunStore, "set_status", real)

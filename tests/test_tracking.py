@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import crash_training_at
 
 wandb = pytest.importorskip("wandb")
 
@@ -127,17 +128,7 @@ def test_offline_history_matches_local_store(tmp_path):
 
 def test_resume_continues_the_same_wandb_run_with_each_step_once(tmp_path, monkeypatch):
     cfg = toy("steps=12", "checkpoint_every=4", "eval.every=3")
-    real = RunStore.set_status
-
-    def crash_at_step_7(self, state, step, error=None):
-        if state == "running" and step == 7:
-            raise RuntimeError("node lost")
-        return real(self, state, step, error)
-
-    monkeypatch.setattr(RunStore, "set_status", crash_at_step_7)
-    with pytest.raises(RuntimeError, match="node lost"):
-        trainer.train(cfg, str(tmp_path / "run"), progress=False)
-    monkeypatch.setattr(RunStore, "set_status", real)
+    crash_training_at(monkeypatch, cfg, tmp_path / "run", step=7)
     wandb_id = json.loads((tmp_path / "run/wandb.json").read_text())["id"]
     store = run(cfg, tmp_path / "run")  # resumes from step 4 and re-logs 5..12 locally
 

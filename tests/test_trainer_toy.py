@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import crash_training_at
 
 import ablate.trainer as trainer
 from ablate.config import load
@@ -82,17 +83,7 @@ def test_resume_after_crash_loses_and_repeats_no_step(tmp_path, monkeypatch):
     cfg = toy("steps=12", "checkpoint_every=4", "eval.every=3")
     whole = run(cfg, tmp_path / "whole")
 
-    real = RunStore.set_status
-
-    def crash_at_step_7(self, state, step, error=None):
-        if state == "running" and step == 7:
-            raise RuntimeError("node lost")
-        return real(self, state, step, error)
-
-    monkeypatch.setattr(RunStore, "set_status", crash_at_step_7)
-    with pytest.raises(RuntimeError, match="node lost"):
-        trainer.train(cfg, str(tmp_path / "resumed"), progress=False)
-    monkeypatch.setattr(RunStore, "set_status", real)
+    crash_training_at(monkeypatch, cfg, tmp_path / "resumed", step=7)
     broken = RunStore(tmp_path / "resumed")
     assert broken.status()["state"] == "failed" and "node lost" in broken.status()["error"]
     assert [r["step"] for r in broken.read("metrics")] == list(range(1, 8))
