@@ -46,3 +46,25 @@ def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
     with pytest.raises(RuntimeError, match="node lost"):
         trainer.train(cfg, str(run_dir), progress=False)
     monkeypatch.setattr(RunStore, "set_status", real)
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def assert_renders_in_chromium(html, tmp_path) -> None:
+    """Screenshot `html` in headless Chromium (Debian's; `make services` installs it) and check that the
+    page is not blank: text and figures, not a white sheet or an error page."""
+    import numpy as np
+    from PIL import Image
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (`make services` does)", pytrace=False)
+    png = Path(tmp_path) / "shot.png"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", f"--user-data-dir={Path(tmp_path) / 'profile'}",
+           f"--screenshot={png}", "--window-size=1200,2000", f"file://{Path(html).resolve()}"]
+    subprocess.run(cmd, capture_output=True, timeout=120)
+    assert png.exists() and png.stat().st_size > 20_000
+    pixels = np.asarray(Image.open(png).convert("L"), dtype=float)
+    assert pixels.shape == (2000, 1200)
+    assert pixels.std() > 20 and (pixels < 128).mean() > 0.01               # not blank: text and figures

@@ -2,13 +2,13 @@
 effects (ablate.analysis.synthetic), plus a headless-Chromium render check."""
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_renders_in_chromium
 from typer.testing import CliRunner
 
 import ablate
@@ -174,23 +174,9 @@ def test_cli(sweep, tmp_path):
     assert CliRunner().invoke(report_app, [str(tmp_path / "nope")]).exit_code == 2
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs /usr/bin/chromium (apt-get install -y chromium)")
 def test_report_renders_in_headless_chromium(report, tmp_path):
-    from PIL import Image
-
     _, out = report
-    png = tmp_path / "shot.png"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-           f"--screenshot={png}", "--window-size=1200,2000", f"file://{Path(out).resolve()}"]
-    subprocess.run(cmd, capture_output=True, timeout=120)
-    assert png.exists() and png.stat().st_size > 20_000
-    pixels = np.asarray(Image.open(png).convert("L"), dtype=float)
-    assert pixels.shape == (2000, 1200)
-    assert pixels.std() > 20 and (pixels < 128).mean() > 0.01               # not blank: text and figures
+    assert_renders_in_chromium(out, tmp_path)
 
 
 def test_study_script_runs_on_a_sweep(sweep, tmp_path):
@@ -207,3 +193,16 @@ def test_study_script_runs_on_a_sweep(sweep, tmp_path):
     row = next(line.split() for line in effects.splitlines() if line.strip().startswith("eps_high=0.28 "))
     assert float(row[1]) == pytest.approx(0.03 + 0.02 / 2, abs=0.006)  # planted main effect (+ half the interaction)
     assert (tmp_path / "study.png").stat().st_size > 10_000
+
+
+def test_narrowing_warning_needs_changes_beyond_the_ci():
+    import pandas as pd
+
+    from ablate.analysis.diagnostics import narrowing_warnings
+
+    rows = [("base (step 0)", 1, 0.48, 0.46, 0.50), ("base (step 0)", 8, 0.80, 0.78, 0.82),
+            ("sharp", 1, 0.70, 0.66, 0.74), ("sharp", 8, 0.74, 0.71, 0.77),      # both beyond the CI: warn
+            ("noisy", 1, 0.49, 0.47, 0.51), ("noisy", 8, 0.79, 0.76, 0.82)]      # within noise: quiet
+    warns = narrowing_warnings(pd.DataFrame(rows, columns=["arm", "k", "mean", "lo", "hi"]))
+    assert warns == ["'sharp': pass@1 up (0.48 -> 0.7) but pass@8 down (0.8 -> 0.74) versus the base model: "
+                     "RL narrowed the solutions"]

@@ -92,14 +92,7 @@ def warnings_for(study, scores: pd.DataFrame, metric: str, diag: pd.DataFrame, p
         if abs(r.reward_end - r.reward_start) < 0.01 and r.format_max == 0:
             out.append(f"train reward flat in '{r.arm}' and the format reward never above 0: is the format produced?")
     out += hacking_warnings(study, metric)
-    if passk is not None and len(passk):
-        kmax = passk["k"].max()
-        base = passk[(passk["arm"] == "base (step 0)")].set_index("k")["mean"]
-        for arm, g in passk[passk["arm"] != "base (step 0)"].groupby("arm", sort=False):
-            g = g.set_index("k")["mean"]
-            if kmax > 1 and 1 in g and 1 in base and kmax in base and g[1] > base[1] and g[kmax] < base[kmax]:
-                out.append(f"'{arm}': pass@1 up ({base[1]:.3g} -> {g[1]:.3g}) but pass@{kmax} down "
-                           f"({base[kmax]:.3g} -> {g[kmax]:.3g}) versus the base model: RL narrowed the solutions")
+    out += narrowing_warnings(passk)
     return out
 
 
@@ -124,4 +117,21 @@ def hacking_warnings(study, metric: str) -> list[str]:
         if peak - last > HACK_DROP and after > before + 0.01:
             out.append(f"possible reward hacking in '{arm}': held-out {metric} falls {peak:.3g} -> {last:.3g} after "
                        f"step {peak_step} while train reward rises {before:.3g} -> {after:.3g}; read the samples")
+    return out
+
+
+def narrowing_warnings(passk) -> list[str]:
+    """RL raised pass@1 but lowered pass@k at the largest k (sharpening at the cost of coverage), each
+    beyond the arm's CI: rows of the report's pass@k table (arm, k, mean, lo, hi; 'base (step 0)')."""
+    out = []
+    if passk is None or not len(passk):
+        return out
+    kmax = passk["k"].max()
+    base = passk[(passk["arm"] == "base (step 0)")].set_index("k")["mean"]
+    for arm, g in passk[passk["arm"] != "base (step 0)"].groupby("arm", sort=False):
+        g = g.set_index("k")
+        if kmax > 1 and {1, kmax} <= set(g.index) & set(base.index) \
+                and g.loc[1, "lo"] > base[1] and g.loc[kmax, "hi"] < base[kmax]:
+            out.append(f"'{arm}': pass@1 up ({base[1]:.3g} -> {g.loc[1, 'mean']:.3g}) but pass@{kmax} down "
+                       f"({base[kmax]:.3g} -> {g.loc[kmax, 'mean']:.3g}) versus the base model: RL narrowed the solutions")
     return out
