@@ -86,6 +86,7 @@ class RecipeConfig:
     overlong_buffer: int = 4
     overlong_factor: float = 1.0
     format_weight: float = 0.0
+    format_anneal_steps: int = 0  # 0 = constant; N = format_weight falls linearly to 0 at step N
     temperature: float = 1.0
     max_new_tokens: int = 8
     update_epochs: int = 1
@@ -312,6 +313,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.overlong_buffer must be in (0, recipe.max_new_tokens) with recipe.overlong='soft_penalty'")
     check(r.overlong_factor >= 0, "recipe.overlong_factor must be >= 0")
     check(r.format_weight >= 0, "recipe.format_weight must be >= 0")
+    check(r.format_anneal_steps >= 0, "recipe.format_anneal_steps must be >= 0 (0 = no annealing)")
+    check(r.format_anneal_steps == 0 or r.format_weight > 0,
+          "recipe.format_anneal_steps anneals recipe.format_weight, which is 0 (set a weight > 0)")
     check(r.update_epochs >= 1, "recipe.update_epochs must be >= 1")
     check(r.minibatches >= 1, "recipe.minibatches must be >= 1")
     check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")

@@ -14,6 +14,7 @@ STEP_METRICS: dict[str, str] = {
     "train/reward_std": "std (ddof=0) of the total reward over the step's completions",
     "train/reward_correct_mean": "mean training-verifier score (the gameable one when `task.gameable`)",
     "train/reward_format_mean": "mean format score (1 if the completion has the expected structure)",
+    "train/format_weight": "weight of the format score in the reward at this step (`recipe.format_weight`, falling linearly to 0 at step `recipe.format_anneal_steps` when that is > 0)",
     "train/reward_overlong_mean": "mean overlong soft penalty added to the reward (0 unless `recipe.overlong=soft_penalty`)",
     "train/reward_kl_mean": "mean KL penalty subtracted from the reward (0 unless `recipe.kl_placement=reward`)",
     "train/dead_group_frac": "share of groups whose G rewards are all equal (no gradient), before any normalisation",

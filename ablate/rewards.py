@@ -13,3 +13,12 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float) 
     """
     start = max_len - buffer
     return -factor * ((lengths.float() - start) / buffer).clamp(min=0.0, max=1.0)
+
+
+def format_weight_at(weight: float, anneal_steps: int, step: int) -> float:
+    """The format reward's weight at optimizer step `step`: constant when anneal_steps is 0, else falling
+    linearly from `weight` (step 0) to 0 at step `anneal_steps` and staying there. A format bonus helps a
+    model find the answer format early; annealed, it cannot be farmed once the format is learned."""
+    if anneal_steps <= 0:
+        return weight
+    return weight * max(0.0, 1.0 - step / anneal_steps)

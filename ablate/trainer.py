@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ablate import losses, preemption, stats
 from ablate.advantages import compute_advantages
 from ablate.config import RecipeConfig, RunConfig, run_id, to_dict
-from ablate.rewards import overlong_penalty
+from ablate.rewards import format_weight_at, overlong_penalty
 from ablate.rollout import LMPolicy, Rollout
 from ablate.store import RunStore
 from ablate.tasks import make_task
@@ -115,8 +115,8 @@ class Batch:
     reward_seconds: float = 0.0
 
 
-def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int):
-    """[B, group] tensors: total task reward (verifier + format + overlong) and its components."""
+def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int, fmt_weight: float):
+    """[B, group] tensors: total task reward (verifier + fmt_weight * format + overlong) and its components."""
     texts = rollout.texts
     correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)])
     fmt = torch.tensor([task.format_score(t) for t in texts]) if r.format_weight else torch.zeros(len(texts))
@@ -125,17 +125,18 @@ def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfi
     else:
         over = torch.zeros(len(texts))
     shape = (len(problems), group)
-    total = correct + r.format_weight * fmt + over
+    total = correct + fmt_weight * fmt + over
     return total.view(shape), correct.view(shape), fmt.view(shape), over.view(shape)
 
 
-def greedy_rewards(policy, task, problems: list[Problem], r: RecipeConfig, tokenizer) -> torch.Tensor:
+def greedy_rewards(policy, task, problems: list[Problem], r: RecipeConfig, tokenizer, fmt_weight: float) -> torch.Tensor:
     """ReMax's baseline: the task reward of one greedy decode per prompt, [B]."""
     g = policy.sample([task.prompt_text(p, tokenizer) for p in problems], 1, 1.0, r.max_new_tokens, greedy=True)
-    return task_rewards(task, problems, g, r, 1)[0].flatten()
+    return task_rewards(task, problems, g, r, 1, fmt_weight)[0].flatten()
 
 
-def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunConfig, tokenizer) -> Batch:
+def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunConfig, tokenizer,
+            fmt_weight: float) -> Batch:
     """Sample G completions for B prompts; with dynamic sampling keep only groups with reward spread,
     drawing new prompts until B live groups or `max_gen_rounds` rounds (DAPO)."""
     r, B = cfg.recipe, cfg.prompts_per_step
@@ -149,7 +150,7 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
         ro = policy.sample([task.prompt_text(p, tokenizer) for p in problems], r.group_size,
                            r.temperature, r.max_new_tokens)
         t1 = time.perf_counter()
-        total, correct, fmt, over = task_rewards(task, problems, ro, r, r.group_size)
+        total, correct, fmt, over = task_rewards(task, problems, ro, r, r.group_size, fmt_weight)
         strict = torch.tensor([[task.score(p, t) for t in ro.texts[i * r.group_size:(i + 1) * r.group_size]]
                                for i, p in enumerate(problems)])
         t_gen, t_reward = t_gen + t1 - t0, t_reward + time.perf_counter() - t1
@@ -380,8 +381,10 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 step += 1
                 t0 = time.perf_counter()
                 # 1. rollout + reward (dynamic sampling inside)
-                batch = collect(policy, task, train_set, stream, cfg, tokenizer)
-                greedy = greedy_rewards(policy, task, batch.problems, r, tokenizer) if r.baseline == "greedy" else None
+                fmt_weight = format_weight_at(r.format_weight, r.format_anneal_steps, step)
+                batch = collect(policy, task, train_set, stream, cfg, tokenizer, fmt_weight)
+                greedy = greedy_rewards(policy, task, batch.problems, r, tokenizer, fmt_weight) \
+                    if r.baseline == "greedy" else None
                 t1 = time.perf_counter()
                 # 2. behaviour and reference log-probs (only when used)
                 old_logp = sequence_logprobs(policy, batch.rollout, r.temperature) if needs_old_logp else None
@@ -413,6 +416,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 counters["tokens"] += int(lengths.sum())
                 since_eval.append(float(batch.correct.mean()))
                 row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), "train/lr": lr,
+                       "train/format_weight": fmt_weight,
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
                        "perf/generate_seconds": t1 - t0 - batch.reward_seconds,

@@ -97,3 +97,14 @@ def test_shared_prompt_forward_equals_a_plain_forward(model_dir):
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
     for a, p in zip(grads_shared, policy.module.parameters()):
         torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_format_reward_is_annealed_in_the_reward(model_dir, tmp_path):
+    cfg = small(model_dir, format_weight=0.5, format_anneal_steps=2)  # weight 0.25 at step 1, 0 at step 2
+    assert train(cfg, str(tmp_path), progress=False) == "completed"
+    rows = RunStore(tmp_path).read("metrics")
+    assert [r["train/format_weight"] for r in rows] == [0.25, 0.0]
+    for r, w in zip(rows, (0.25, 0.0)):  # the total reward is the verifier score + weight x format score
+        assert r["train/reward_mean"] == pytest.approx(r["train/reward_correct_mean"] + w * r["train/reward_format_mean"])
+    assert rows[0]["train/reward_format_mean"] > 0  # so the weight really entered step 1's reward
+    assert "train/reward_format_mean" in rows[1]     # and the score is still measured at weight 0
