@@ -2,8 +2,16 @@
 
 __version__ = "0.1.0"
 
-from ablate.advantages import compute_advantages  # noqa: E402
-from ablate.analysis import load_runs  # noqa: E402
-from ablate.stats import pass_at_k  # noqa: E402
+# Imported on first use (PEP 562), so that `import ablate` and the CLI start without torch, pandas
+# and matplotlib: `ablate --help` or `ablate sweep status` should answer at once.
+_LAZY = {"compute_advantages": "ablate.advantages", "load_runs": "ablate.analysis", "pass_at_k": "ablate.stats"}
 
-__all__ = ["compute_advantages", "load_runs", "pass_at_k", "__version__"]
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ablate' has no attribute {name!r}")

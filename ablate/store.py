@@ -24,7 +24,6 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
 import yaml
 
 from ablate.config import RunConfig, run_id, to_dict
@@ -90,6 +89,7 @@ class RunStore:
         return yaml.safe_load(p.read_text()) if p.exists() else None
 
     def write_provenance(self, cfg: RunConfig, device: str) -> None:
+        import torch  # here and in the checkpoint methods only: reading a run store needs no torch
         import transformers
 
         import ablate
@@ -133,10 +133,14 @@ class RunStore:
 
     # --- checkpoint ---
     def save_checkpoint(self, state: dict) -> None:
+        import torch
+
         atomic_write(self.path("checkpoint.pt"), lambda f: torch.save(state, f))
 
     def load_checkpoint(self) -> dict | None:
         p = self.path("checkpoint.pt")
+        import torch
+
         return torch.load(p, weights_only=False) if p.exists() else None
 
 

@@ -42,3 +42,15 @@ def test_train_cli_toy(tmp_path):
     assert res.stdout.strip() == f"completed: {out}"
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "provenance.json", "status.json", "metrics.jsonl",
                                                 "evals.jsonl", "samples.jsonl"}
+
+
+def test_cli_and_run_store_readers_start_without_torch():
+    """`ablate --help`, `ablate sweep status` and loading runs must not wait ~3 s for torch to import."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ablate, ablate.cli, ablate.launch, ablate.analysis.load; "
+            "heavy = [m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
