@@ -100,7 +100,7 @@ def _counts(rows) -> None:
 def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)"),
            as_json: bool = typer.Option(False, "--json", help="machine-readable rows")):
     """Counts and per-run state (run store + scheduler)."""
-    from ablate.launch import sweep_status
+    from ablate.launch import stale_runs, sweep_status
 
     try:
         rows = sweep_status(runs_dir)
@@ -121,6 +121,10 @@ def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (hol
                       err[-1][:60] if err else "")
     console.print(table)
     _counts(rows)
+    stale = stale_runs(runs_dir)
+    if stale:
+        console.print(f"{len(stale)} run folder(s) from an earlier version of the spec (or of ablate) are kept "
+                      f"but not part of this sweep: {', '.join(stale[:4])}{' ...' if len(stale) > 4 else ''}")
 
 
 @sweep_app.command()

@@ -110,11 +110,16 @@ def write_manifest(out: Path, manifest: dict) -> None:
 
 
 def _manifest_for(sweep: Sweep, runs: list[RunSpec]) -> dict:
+    """The manifest with `runs` (the spec's whole expansion) as its current runs. Entries of earlier
+    expansions (an edited spec, or a config field added by a newer ablate: new content hashes) are kept,
+    marked `current: false`: their folders stay on disk, and status and reports leave them out."""
     m = read_manifest(sweep.out) or {"name": sweep.name, "created": time.time(), "runs": {}}
     m.update(spec_path=sweep.source, spec=sweep.raw)
+    for entry in m["runs"].values():
+        entry["current"] = False
     for r in runs:
         entry = m["runs"].setdefault(r.run_id, {"jobs": []})
-        entry.update(arm=r.arm, seed=r.seed, toggles=r.toggles, steps=r.config.steps)
+        entry.update(arm=r.arm, seed=r.seed, toggles=r.toggles, steps=r.config.steps, current=True)
     return m
 
 
@@ -177,16 +182,24 @@ def effective_state(store_state: str | None, sched: str | None) -> str:
     return "missing"
 
 
+def stale_runs(out: str | Path) -> list[str]:
+    """Run ids the manifest keeps from an earlier expansion of the spec (see _manifest_for)."""
+    m = read_manifest(Path(out)) or {"runs": {}}
+    return [rid for rid, e in m["runs"].items() if e.get("current") is False]
+
+
 def sweep_status(out: str | Path) -> list[dict]:
-    """One row per run of the manifest: ids, toggles, store/scheduler/effective state, progress, error."""
+    """One row per current run of the manifest: ids, toggles, store/scheduler/effective state, progress,
+    error (runs of an earlier expansion of the spec: stale_runs)."""
     out = Path(out)
     m = read_manifest(out)
     if m is None:
         raise FileNotFoundError(f"{out}: no {MANIFEST} (not a sweep folder?)")
-    jobs = {rid: e["jobs"][-1] for rid, e in m["runs"].items() if e["jobs"]}
+    current = {rid: e for rid, e in m["runs"].items() if e.get("current", True)}
+    jobs = {rid: e["jobs"][-1] for rid, e in current.items() if e["jobs"]}
     sched = scheduler_states(out, jobs)
     rows = []
-    for rid, e in m["runs"].items():
+    for rid, e in current.items():
         st = RunStore(out / rid).status() or {}
         job = jobs.get(rid, {})
         store_state = st.get("state")

@@ -142,3 +142,30 @@ def test_slurm_profile_parsing(tmp_path):
         load_profile(p)
     with pytest.raises(SpecError, match="no such SLURM profile"):
         load_profile(tmp_path / "missing.yaml")
+
+
+def test_edited_spec_leaves_earlier_runs_stale_kept_and_out_of_the_report(tmp_path):
+    """Changing a fixed override changes every run id: the earlier runs stay on disk, marked stale in the
+    manifest; status and the report use only the current ones (else `steps` would show up as a factor)."""
+    from ablate.analysis import build_report
+
+    first = toy_sweep(tmp_path / "runs", steps=5, grid={"recipe.scale": ["none", "group"]}, seeds=[0])
+    old = {r.run_id for r in expand(first)}
+    launch(first, expand(first), poll_s=0.2)
+    edited = toy_sweep(tmp_path / "runs", steps=6, grid={"recipe.scale": ["none", "group"]}, seeds=[0])
+    new = {r.run_id for r in expand(edited)}
+    launch(edited, expand(edited), poll_s=0.2)
+    assert not old & new and all((tmp_path / "runs" / rid / "status.json").exists() for rid in old | new)
+    m = read_manifest(edited.out)
+    assert {rid for rid, e in m["runs"].items() if e["current"]} == new
+    assert set(states(edited.out)) == new
+    res = CliRunner().invoke(sweep_app, ["status", str(edited.out)])
+    assert "2 run folder(s) from an earlier version of the spec" in res.output
+
+    rep = build_report([edited.out], tmp_path / "r.html", metric="eval/pass@1_exact", reps=100, figures=False)
+    assert [f.name for f in rep.study.factors] == ["scale"] and set(rep.study.runs["run_id"]) == new
+    assert set(rep.study.stale["run_id"]) == old
+    assert any("2 stale run folder(s) not used" in w for w in rep.warnings)
+    listed = rep.runs.set_index("run_id")
+    assert set(listed.index) == old | new and not listed.loc[sorted(old), "included"].any()
+    assert "stale: not in the current spec" in (tmp_path / "r.md").read_text()

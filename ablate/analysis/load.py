@@ -169,6 +169,7 @@ class Study:
     metrics: pd.DataFrame                 # wide per-step metrics: run_id, step, train/..., counters/..., perf/...
     evals: pd.DataFrame                   # wide held-out evaluations: run_id, step, eval/...
     factors: list = field(default_factory=list)   # ablate.analysis.design.Factor, what varies across runs
+    stale: pd.DataFrame = field(default_factory=pd.DataFrame)  # runs a sweep manifest marks as not current
     data: list = field(default_factory=list, repr=False)  # RunData per run (same order as `runs`)
 
     def tidy(self) -> pd.DataFrame:
@@ -200,10 +201,15 @@ def _concat_wide(data: list[RunData], attr: str, ids: list[str]) -> pd.DataFrame
 def load_study(*paths: str | Path, cache: bool = True) -> Study:
     """Every run folder under `paths` (a sweep root, a run folder, or several), with arms and factors
     inferred from the sweep manifest(s) and from which config keys differ (ablate.analysis.design)."""
-    from ablate.analysis.design import assign_arms
+    from ablate.analysis.design import assign_arms, read_manifests
 
     dirs = list(dict.fromkeys(r.resolve() for p in paths for r in find_runs(p)))
     data = [read_run(d, cache) for d in dirs]
+    # folders of an earlier expansion of a sweep's spec (edited spec, newer ablate) are set apart, listed
+    entries, _ = read_manifests(paths, dirs)
+    is_stale = [(entries.get(d.config.get("run_id") or d.run_dir.name) or {}).get("current") is False for d in data]
+    stale = pd.DataFrame([_run_row(d) for d, s in zip(data, is_stale) if s])
+    data = [d for d, s in zip(data, is_stale) if not s]
     runs = pd.DataFrame([_run_row(d) for d in data])
     if runs.empty:
         runs = pd.DataFrame(columns=["run_id", "run_dir", "state", "error", "last_step", "planned_steps"])
@@ -213,7 +219,7 @@ def load_study(*paths: str | Path, cache: bool = True) -> Study:
     by_dir = {str(d.run_dir): d for d in data}
     data = [by_dir[r] for r in runs["run_dir"]]
     ids = list(runs["run_id"])
-    return Study(runs, _concat_wide(data, "metrics", ids), _concat_wide(data, "evals", ids), factors, data)
+    return Study(runs, _concat_wide(data, "metrics", ids), _concat_wide(data, "evals", ids), factors, stale, data)
 
 
 def tidy_frame(data: list[RunData]) -> pd.DataFrame:

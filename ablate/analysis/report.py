@@ -177,6 +177,13 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
     rep.headline = headline(rep.effects, rep.arms, scale, unit)
     rep.samples = arm_samples(study, rep.scores)
     rep.runs = rep.scores.merge(study.runs[["run_id", "error"]], on="run_id", how="left")
+    if len(study.stale):  # listed, never used: they belong to an earlier version of the sweep
+        ids = list(study.stale["run_id"])
+        rep.warnings.append(f"{len(ids)} stale run folder(s) not used: a sweep manifest keeps them from an earlier "
+                            f"expansion of its spec (the spec was edited, or a newer ablate added a config field, "
+                            f"which changes every run id): {', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}")
+        stale = study.stale.assign(arm="–", value=np.nan, included=False, reason="stale: not in the current spec")
+        rep.runs = pd.concat([rep.runs, stale[[c for c in rep.runs.columns if c in stale]]], ignore_index=True)
     if figures:
         arms = arm_order(study.runs)
         inc = rep.scores[rep.scores["included"]]
