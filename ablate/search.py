@@ -36,7 +36,8 @@ RANGE = ("type", "low", "high", "log", "step", "when")
 PARAM_KEYS = {"float": RANGE, "int": RANGE, "categorical": ("type", "choices", "when")}
 SAMPLERS = {"tpe": (optuna.samplers.TPESampler, ("seed", "n_startup_trials", "multivariate", "group",
                                                  "constant_liar")),
-            "random": (optuna.samplers.RandomSampler, ("seed",)), "grid": (optuna.samplers.RandomSampler, ("seed",)),
+            "random": (optuna.samplers.RandomSampler, ("seed",)),
+            "grid": (optuna.samplers.RandomSampler, ("seed",)),  # never samples: the grid is enqueued (open_study)
             "cmaes": (optuna.samplers.CmaEsSampler, ("seed", "n_startup_trials", "sigma0", "restart_strategy"))}
 PRUNERS = {"median": (optuna.pruners.MedianPruner, ("n_startup_trials", "n_warmup_steps", "interval_steps")),
            "hyperband": (optuna.pruners.HyperbandPruner, ("min_resource", "max_resource", "reduction_factor")),
@@ -148,10 +149,10 @@ def load_search(path: str | Path, out: str | Path | None = None, storage: str | 
     executor = section("executor", ("name", "workers", "timeout_min"), name="local", workers=1)
     need(executor["name"] in ("local", "slurm") and type(executor["workers"]) is int and executor["workers"] >= 1,
          "executor", "name: local or slurm; workers: an integer >= 1")
-    n_trials = raw.get("trials", len(grid_points(params)) if grid else None)
+    grid_size = len(grid_points(params)) if grid else None
+    n_trials = raw.get("trials", grid_size)
     need(type(n_trials) is int and n_trials >= 1, "trials", "required: an integer >= 1")
-    need(not grid or n_trials <= len(grid_points(params)), "trials",
-         f"{n_trials} is more than the grid's {len(grid_points(params)) if grid else 0} configurations")
+    need(not grid or n_trials <= grid_size, "trials", f"{n_trials} is more than the grid's {grid_size} configurations")
     storage = storage or raw.get("storage") or f"sqlite:///{sw.out / 'study.db'}"
     need(isinstance(storage, str) and (storage.startswith("journal:") or "://" in storage), "storage",
          f"expected sqlite:///PATH, journal:PATH or an RDB URL (postgresql://...), got {storage!r}")

@@ -101,7 +101,7 @@ def read_log(path: Path) -> pa.Table:
         return _wide([])
     try:
         return _numeric(pj.read_json(pa.BufferReader(data), read_options=pj.ReadOptions(block_size=len(data) + 1)))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except pa.ArrowException:  # ArrowInvalid, ArrowTypeError, ...: the reader refused the file
         return _wide(read_jsonl(path))
 
 

@@ -17,7 +17,7 @@ percentile bootstrap):
 - "t" (default): Student t on the per-run values (tasks averaged), Welch-Satterthwaite degrees of freedom
   for independent arms. rliable's percentile bootstrap is built for many runs x tasks; on one task with
   3-10 seeds it is too narrow, because it resamples as if the few seeds were the population (at 5 normal
-  seeds its "95%" interval covers the truth ~88% of the time, t covers 95%: benchmarks/ci_coverage.py).
+  seeds its "95%" interval covers the truth ~84% of the time, t covers 94-95%: benchmarks/ci_coverage.py).
 - "percentile": rliable's stratified percentile bootstrap.
 - "bca": bias-corrected and accelerated bootstrap (scipy.stats.bootstrap), for skewed scores with
   many seeds; it shares the percentile bootstrap's small-sample narrowness.
