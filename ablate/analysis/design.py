@@ -92,13 +92,14 @@ def _short(keys: list[str]) -> dict[str, str]:
     return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 
 
-def assign_arms(runs: pd.DataFrame, paths=()) -> tuple[pd.DataFrame, list[Factor]]:
-    """Add `arm` (a label) and one level column per factor to `runs`; return (runs, factors)."""
+def assign_arms(runs: pd.DataFrame, paths=(), manifests: tuple[dict, dict] | None = None) -> tuple[pd.DataFrame, list[Factor]]:
+    """Add `arm` (a label) and one level column per factor to `runs`; return (runs, factors).
+    `manifests`: read_manifests' result when the caller already has it."""
     runs = runs.copy()
     if runs.empty:
         runs["arm"] = []
         return runs, []
-    entries, order = read_manifests(paths, runs["run_dir"])
+    entries, order = manifests if manifests is not None else read_manifests(paths, runs["run_dir"])
     arms = [(entries.get(r) or {}).get("arm") for r in runs["run_id"]]
     keys = [k for k in runs.columns if k not in IGNORED and not k.startswith(IGNORED_PREFIXES)]
     if any(a is not None for a in arms):

@@ -206,7 +206,8 @@ def load_study(*paths: str | Path, cache: bool = True) -> Study:
     dirs = list(dict.fromkeys(r.resolve() for p in paths for r in find_runs(p)))
     data = [read_run(d, cache) for d in dirs]
     # folders of an earlier expansion of a sweep's spec (edited spec, newer ablate) are set apart, listed
-    entries, _ = read_manifests(paths, dirs)
+    manifests = read_manifests(paths, dirs)
+    entries = manifests[0]
     is_stale = [(entries.get(d.config.get("run_id") or d.run_dir.name) or {}).get("current") is False for d in data]
     stale = pd.DataFrame([_run_row(d) for d, s in zip(data, is_stale) if s])
     data = [d for d, s in zip(data, is_stale) if not s]
@@ -215,7 +216,7 @@ def load_study(*paths: str | Path, cache: bool = True) -> Study:
         runs = pd.DataFrame(columns=["run_id", "run_dir", "state", "error", "last_step", "planned_steps"])
     if runs["run_id"].duplicated().any():  # the same run copied into two folders: keep both, apart
         runs["run_id"] = runs["run_id"] + runs.groupby("run_id").cumcount().map(lambda i: f"#{i + 1}" if i else "")
-    runs, factors = assign_arms(runs, paths)
+    runs, factors = assign_arms(runs, paths, manifests)
     by_dir = {str(d.run_dir): d for d in data}
     data = [by_dir[r] for r in runs["run_dir"]]
     ids = list(runs["run_id"])
