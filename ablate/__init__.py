@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 # Imported on first use (PEP 562), so that `import ablate` and the CLI start without torch, pandas
 # and matplotlib: `ablate --help` or `ablate sweep status` should answer at once.
-_LAZY = {"compute_advantages": "ablate.advantages", "load_runs": "ablate.analysis", "pass_at_k": "ablate.stats"}
+_LAZY = {"compute_advantages": "ablate.rl.advantages", "load_runs": "ablate.analysis", "pass_at_k": "ablate.rl.stats"}
 
 __all__ = [*_LAZY, "__version__"]
 

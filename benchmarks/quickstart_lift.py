@@ -18,9 +18,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from ablate.config import load  # noqa: E402
-from ablate.models import build_base_model  # noqa: E402
-from ablate.store import RunStore  # noqa: E402
-from ablate.trainer import train  # noqa: E402
+from ablate.runs.store import RunStore  # noqa: E402
+from ablate.train.models import build_base_model  # noqa: E402
+from ablate.train.trainer import train  # noqa: E402
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ import yaml  # noqa: E402
 
 TOY = str(ROOT / "configs/toy.yaml")
 DEV_PROFILE = ROOT / "slurm/profiles/dev.yaml"
-ABLATE = [sys.executable, "-c", "from ablate.cli import main; main()"]  # the `ablate` console script
+ABLATE = [sys.executable, "-c", "from ablate.cli.main import main; main()"]  # the `ablate` console script
 
 
 def write_spec(folder: Path, name: str, steps: int, **kw) -> Path:
@@ -50,7 +50,7 @@ def write_spec(folder: Path, name: str, steps: int, **kw) -> Path:
 
 
 def bench_expand(tmp: Path, repeats: int = 3) -> None:
-    from ablate.sweep import expand, load_spec
+    from ablate.experiments.sweep import expand, load_spec
 
     grid = {"optim.lr": [round(0.1 * i, 1) for i in range(1, 11)],             # 10
             "recipe.eps_high": [round(0.2 + 0.01 * i, 2) for i in range(10)],  # x 10
@@ -114,7 +114,7 @@ def _cpu_times() -> list[tuple[int, int]]:
 
 
 def bench_local(tmp: Path, n_runs: int, steps: int) -> None:
-    from ablate.launch import cpu_count
+    from ablate.experiments.launch import cpu_count
 
     cores = cpu_count()
     spec = write_spec(tmp, "local8", steps=steps, seeds=list(range(n_runs)))
@@ -143,7 +143,7 @@ def bench_local(tmp: Path, n_runs: int, steps: int) -> None:
     mean = statistics.mean(per_core) if per_core else float("nan")
     states = {}
     if (tmp / "local8" / "manifest.json").exists():
-        from ablate.launch import sweep_status
+        from ablate.experiments.launch import sweep_status
 
         for r in sweep_status(tmp / "local8"):
             states[r["state"]] = states.get(r["state"], 0) + 1

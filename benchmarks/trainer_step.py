@@ -37,11 +37,11 @@ import transformers
 from rich.console import Console
 from rich.table import Table
 
-from ablate.advantages import compute_advantages
 from ablate.config import parse
-from ablate.models import build_base_model, load_model, load_tokenizer
+from ablate.rl.advantages import compute_advantages
 from ablate.tasks import make_task
-from ablate.trainer import PromptStream, build_policy, collect, make_optimizer, sequence_logprobs, update
+from ablate.train.models import build_base_model, load_model, load_tokenizer
+from ablate.train.trainer import PromptStream, build_policy, collect, make_optimizer, sequence_logprobs, update
 
 B, G, T = 16, 8, 16
 REPO = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def main():
     for col in ("contender", "generate", "reward", "log-probs", "update", "step (s)", "tok/step"):
         t.add_column(col, justify="left" if col == "contender" else "right")
     f = lambda x: f"{x:.4f}"
-    t.add_row("ours (ablate.trainer)", *(f(med(rows_ours, k)) for k in ("generate", "reward", "log-probs", "update")),
+    t.add_row("ours (ablate.train.trainer)", *(f(med(rows_ours, k)) for k in ("generate", "reward", "log-probs", "update")),
               f(ours_s), str(rows_ours[0]["tokens"]))
     t.add_row("floor (bare compute)", f(med(rows_floor, "generate")), "-", "-", f(med(rows_floor, "update")),
               f(floor_s), str(B * G * T))

@@ -32,8 +32,8 @@ import yaml  # noqa: E402
 
 
 def measure(tmp: Path, workers: int, trials: int, steps: int, storage: str | None, as_spec: bool) -> tuple[float, dict]:
-    from ablate.cli_tune import launch, summary
-    from ablate.search import load_search
+    from ablate.cli.tune import launch, summary
+    from ablate.experiments.search import load_search
 
     spec = yaml.safe_load((ROOT / "sweeps" / "tune_toy.yaml").read_text())
     spec.update(name=f"bench_{workers}w_{uuid.uuid4().hex[:6]}", trials=trials)

@@ -32,8 +32,8 @@ def slurm_cluster() -> None:
 def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
     """Train `cfg` into `run_dir` until a simulated node loss as step `step` starts (the exception
     escapes the trainer), then undo the fault so that the next train() resumes normally."""
-    from ablate import trainer
-    from ablate.store import RunStore
+    from ablate.runs.store import RunStore
+    from ablate.train import trainer
 
     real = RunStore.set_status
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from ablate.advantages import BASELINES, SCALES, compute_advantages
+from ablate.rl.advantages import BASELINES, SCALES, compute_advantages
 
 TOL = {"atol": 1e-5, "rtol": 0}  # eps=1e-6 in the denominator shifts values by ~1e-6
 

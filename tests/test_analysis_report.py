@@ -164,7 +164,7 @@ def test_bad_inputs(sweep):
 
 
 def test_cli(sweep, tmp_path):
-    from ablate.cli_report import report_app
+    from ablate.cli.report import report_app
 
     out = tmp_path / "r.html"
     res = CliRunner().invoke(report_app, [str(sweep), "-o", str(out), "--metric", "eval/pass@8", "--x", "tokens",

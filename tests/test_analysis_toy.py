@@ -1,6 +1,6 @@
 """The statistics on real toy-testbed runs (configs/toy.yaml, seconds each): an A/A comparison is not
 reported as different, and a known effect (a reward offset hurts plain REINFORCE) is found with the
-right sign. Runs are written by ablate.trainer.train straight into folders: no manifest, so the arms
+right sign. Runs are written by ablate.train.trainer.train straight into folders: no manifest, so the arms
 are inferred from the config keys that differ."""
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from ablate.analysis import build_report, load_study
 from ablate.analysis import effects as E
 from ablate.config import load
-from ablate.trainer import train
+from ablate.train.trainer import train
 
 REINFORCE = ["recipe.baseline=none", "recipe.scale=none", "steps=60", "eval.every=20"]
 METRIC = "eval/pass@1_exact"

@@ -8,9 +8,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from ablate.config import TaskConfig
-from ablate.models import BuildSettings, build_base_model, build_tokenizer, load_model, load_tokenizer
 from ablate.tasks.arithmetic import build, is_heldout, make_problem
 from ablate.tasks.base import Problem
+from ablate.train.models import BuildSettings, build_base_model, build_tokenizer, load_model, load_tokenizer
 
 
 def test_task_is_deterministic_in_its_seed():

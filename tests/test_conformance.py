@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from ablate.advantages import BASELINES, SCALES, compute_advantages
-from ablate.losses import (
+from ablate.rl.advantages import BASELINES, SCALES, compute_advantages
+from ablate.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     RATIO_LEVELS,

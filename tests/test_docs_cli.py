@@ -4,18 +4,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ablate.metrics import render_markdown
+from ablate.runs.metrics import render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_metrics_doc_in_step_with_table():
     assert (ROOT / "docs" / "metrics.md").read_text().strip() == render_markdown().strip(), \
-        "run: python -m ablate.metrics > docs/metrics.md"
+        "run: python -m ablate.runs.metrics > docs/metrics.md"
 
 
 def ablate(*args, cwd):
-    return subprocess.run([sys.executable, "-c", "from ablate.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from ablate.cli.main import main; main()", *args],
                           capture_output=True, text=True, cwd=cwd)
 
 
@@ -49,7 +49,7 @@ def test_cli_and_run_store_readers_start_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, ablate, ablate.cli, ablate.launch, ablate.analysis.load; "
+    code = ("import sys, ablate, ablate.cli.main, ablate.experiments.launch, ablate.analysis.load; "
             "heavy = [m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules]; "
             "assert not heavy, heavy")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

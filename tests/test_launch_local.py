@@ -11,10 +11,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ablate.cli_sweep import sweep_app
-from ablate.launch import cancel, effective_state, launch, load_profile, read_manifest, slurm_minutes, sweep_status
-from ablate.store import RunStore
-from ablate.sweep import SpecError, expand, parse_spec
+from ablate.cli.sweep import sweep_app
+from ablate.experiments.launch import (
+    cancel,
+    effective_state,
+    launch,
+    load_profile,
+    read_manifest,
+    slurm_minutes,
+    sweep_status,
+)
+from ablate.experiments.sweep import SpecError, expand, parse_spec
+from ablate.runs.store import RunStore
 
 TOY = str(Path("configs/toy.yaml").resolve())
 

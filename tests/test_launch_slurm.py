@@ -19,10 +19,10 @@ import yaml
 from conftest import SLURM_START_HINT
 from typer.testing import CliRunner
 
-from ablate.cli_sweep import sweep_app
-from ablate.launch import ACTIVE, launch, read_manifest, sweep_status, write_manifest
-from ablate.store import RunStore
-from ablate.sweep import expand, load_spec
+from ablate.cli.sweep import sweep_app
+from ablate.experiments.launch import ACTIVE, launch, read_manifest, sweep_status, write_manifest
+from ablate.experiments.sweep import expand, load_spec
+from ablate.runs.store import RunStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

@@ -2,7 +2,7 @@
 
 import ablate
 from ablate.config import load
-from ablate.trainer import train
+from ablate.train.trainer import train
 
 
 def test_load_runs_tidy(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from ablate.losses import (
+from ablate.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     entropy_from_logits,
@@ -212,7 +212,7 @@ def test_registry_names_match_config_literals():
     import typing
 
     from ablate.config import KLEstimator, LossAgg, RatioLevel
-    from ablate.losses import RATIO_LEVELS
+    from ablate.rl.losses import RATIO_LEVELS
     assert set(KL_ESTIMATORS) == set(typing.get_args(KLEstimator))
     assert set(AGGREGATIONS) == set(typing.get_args(LossAgg))
     assert set(RATIO_LEVELS) == set(typing.get_args(RatioLevel))

@@ -1,10 +1,10 @@
-"""Reward shaping terms (ablate/rewards.py) against hand-computed values."""
+"""Reward shaping terms (ablate/rl/rewards.py) against hand-computed values."""
 
 import pytest
 import torch
 
 from ablate.config import ConfigError, parse
-from ablate.rewards import format_weight_at, overlong_penalty
+from ablate.rl.rewards import format_weight_at, overlong_penalty
 
 
 def test_overlong_soft_penalty_hand_computed():

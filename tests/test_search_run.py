@@ -12,11 +12,11 @@ import optuna
 import pytest
 import yaml
 
-from ablate import search
-from ablate.cli_tune import launch, summary
+from ablate.cli.tune import launch, summary
 from ablate.config import parse
-from ablate.store import RunStore
-from ablate.trainer import train
+from ablate.experiments import search
+from ablate.runs.store import RunStore
+from ablate.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
@@ -158,7 +158,7 @@ def test_slurm_array_workers_and_a_killed_task_on_postgres(tmp_path, postgres_ur
     while it trains: its trial goes stale, is failed and retried by the surviving task."""
     from typer.testing import CliRunner
 
-    from ablate.cli_tune import tune_app
+    from ablate.cli.tune import tune_app
 
     spec_path = tmp_path / "spec.yaml"
     spec = make_spec(tmp_path, postgres_url, trials=3, search={"optim.lr": [0.5, 1.0, 2.0]},

@@ -1,4 +1,4 @@
-"""Search specs (ablate/search.py): checked before any trial starts; trial configs are sweep arms."""
+"""Search specs (ablate/experiments/search.py): checked before any trial starts; trial configs are sweep arms."""
 
 import importlib.util
 from pathlib import Path
@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ablate import search
-from ablate.cli_tune import best_snippet, tune_app
-from ablate.sweep import SpecError, expand, load_spec
+from ablate.cli.tune import best_snippet, tune_app
+from ablate.experiments import search
+from ablate.experiments.sweep import SpecError, expand, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from ablate.stats import group_stats, masked_mean, masked_std, mean_pass_at_k, pass_at_k
+from ablate.rl.stats import group_stats, masked_mean, masked_std, mean_pass_at_k, pass_at_k
 
 
 @pytest.mark.parametrize("k,expected", [(1, 0.25), (2, 0.5), (3, 0.75), (4, 1.0)])

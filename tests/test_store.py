@@ -3,7 +3,7 @@
 import json
 
 from ablate.config import parse, run_id
-from ablate.store import RunStore
+from ablate.runs.store import RunStore
 
 
 def test_jsonl_tolerates_torn_last_line(tmp_path):

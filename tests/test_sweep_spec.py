@@ -11,8 +11,8 @@ import yaml
 from typer.testing import CliRunner
 
 from ablate import config as C
-from ablate.cli_sweep import sweep_app
-from ablate.sweep import SpecError, SweepWarning, expand, load_spec, parse_spec
+from ablate.cli.sweep import sweep_app
+from ablate.experiments.sweep import SpecError, SweepWarning, expand, load_spec, parse_spec
 
 TOY = str(Path("configs/toy.yaml").resolve())
 

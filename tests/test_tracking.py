@@ -15,12 +15,10 @@ from conftest import crash_training_at
 
 wandb = pytest.importorskip("wandb")
 
-from ablate import (
-    tracking,
-    trainer,
-)
 from ablate.config import load, run_id, to_dict
-from ablate.store import RunStore
+from ablate.runs import tracking
+from ablate.runs.store import RunStore
+from ablate.train import trainer
 
 FAKE_KEY = "local-" + "f00dfeed" * 5
 
@@ -253,8 +251,8 @@ def test_run_name_and_tags():
 def test_sweep_on_local_executor_mirrors_every_run_grouped_by_sweep(tmp_path):
     """One offline W&B run per run folder, grouped by the sweep, named by what differs, history equal
     to the local metrics."""
-    from ablate.launch import launch
-    from ablate.sweep import expand, parse_spec
+    from ablate.experiments.launch import launch
+    from ablate.experiments.sweep import expand, parse_spec
 
     toy_cfg = str(Path("configs/toy.yaml").resolve())
     sweep = parse_spec({"name": "wb", "base": {"config": toy_cfg, "overrides": {"steps": 6, "eval.every": 3}},

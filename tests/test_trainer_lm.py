@@ -6,10 +6,10 @@ import math
 import pytest
 
 from ablate.config import PRESETS, parse
-from ablate.metrics import is_defined
-from ablate.models import build_base_model
-from ablate.store import RunStore
-from ablate.trainer import train
+from ablate.runs.metrics import is_defined
+from ablate.runs.store import RunStore
+from ablate.train.models import build_base_model
+from ablate.train.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def test_shared_prompt_forward_equals_a_plain_forward(model_dir):
     gradients must equal those of one plain forward over prompt + completion."""
     import torch
 
-    from ablate.models import load_model, load_tokenizer
-    from ablate.rollout import LMPolicy
+    from ablate.train.models import load_model, load_tokenizer
+    from ablate.train.rollout import LMPolicy
 
     torch.manual_seed(0)
     policy = LMPolicy(load_model(model_dir), load_tokenizer(model_dir), torch.device("cpu"))

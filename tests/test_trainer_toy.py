@@ -5,10 +5,10 @@ import json
 import pytest
 from conftest import crash_training_at
 
-import ablate.trainer as trainer
+import ablate.train.trainer as trainer
 from ablate.config import load
-from ablate.metrics import is_defined
-from ablate.store import RunStore
+from ablate.runs.metrics import is_defined
+from ablate.runs.store import RunStore
 
 
 def toy(*overrides):
@@ -123,7 +123,7 @@ def test_preemption_signal_checkpoints_at_step_boundary(tmp_path, monkeypatch):
     import os
     import signal
 
-    from ablate import preemption
+    from ablate.train import preemption
 
     cfg = toy("steps=10", "checkpoint_every=0", "eval.every=5")
     whole = run(cfg, tmp_path / "whole")

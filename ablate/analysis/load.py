@@ -29,7 +29,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
 
-from ablate.store import read_jsonl
+from ablate.runs.store import read_jsonl
 
 CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")

@@ -111,7 +111,7 @@ def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
     out = {}
     pick = scores.sort_values("included", ascending=False, kind="stable").drop_duplicates("arm")
     dirs = study.runs.set_index("run_id")["run_dir"]
-    from ablate.store import read_jsonl
+    from ablate.runs.store import read_jsonl
 
     for r in pick.itertuples():
         rows = read_jsonl(Path(dirs[r.run_id]) / "samples.jsonl")

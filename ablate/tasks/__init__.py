@@ -20,7 +20,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "arithmetic": ("ablate.tasks.arithmetic", "build"),
     "reasoning_gym": ("ablate.tasks.reasoning_gym", "build"),
     "jsonl": ("ablate.tasks.jsonl", "build"),
-    "toy_addition": ("ablate.toy", "build_task"),
+    "toy_addition": ("ablate.tasks.toy", "build_task"),
 }
 
 

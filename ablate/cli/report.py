@@ -1,9 +1,9 @@
 """`ablate report RUNS... -o reports/X.html`: statistics across seeds, factorial effects, curves and
 diagnostics as one self-contained HTML file plus a Markdown summary (docs/report.md).
 
-Mount in ablate/cli.py with either of:
-    from ablate.cli_report import report;     app.command("report")(report)
-    from ablate.cli_report import report_app; app.add_typer(report_app, name="report")  # same thing
+Mount in ablate/cli/main.py with either of:
+    from ablate.cli.report import report;     app.command("report")(report)
+    from ablate.cli.report import report_app; app.add_typer(report_app, name="report")  # same thing
 """
 
 from __future__ import annotations

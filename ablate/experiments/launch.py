@@ -25,8 +25,8 @@ from pathlib import Path
 import submitit
 import yaml
 
-from ablate.store import RunStore, atomic_write
-from ablate.sweep import RunSpec, SpecError, Sweep
+from ablate.experiments.sweep import RunSpec, SpecError, Sweep
+from ablate.runs.store import RunStore, atomic_write
 
 MANIFEST = "manifest.json"
 SKIP = ("completed", "diverged", "pruned")        # finished: never resubmitted
@@ -45,7 +45,7 @@ def cpu_count() -> int:
 
 class TrainJob(submitit.helpers.Checkpointable):
     """Train one run into its run folder. On SLURM's warning signal submitit calls `checkpoint()` (at a
-    step boundary, see ablate/preemption.py): the trainer's state is saved to the run folder and the
+    step boundary, see ablate/train/preemption.py): the trainer's state is saved to the run folder and the
     requeued job is a fresh TrainJob with the same arguments, which resumes from that checkpoint."""
 
     def __init__(self, cfg_dict: dict, run_dir: str, threads: int | None = None):
@@ -55,7 +55,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         import torch
 
         from ablate.config import parse
-        from ablate.trainer import train
+        from ablate.train.trainer import train
 
         threads = self.threads or _slurm_cpus()
         if threads:
@@ -64,7 +64,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         return train(parse(self.cfg_dict), self.run_dir, progress=False)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
-        from ablate import preemption
+        from ablate.train import preemption
 
         preemption.save_now()
         return submitit.helpers.DelayedSubmission(TrainJob(self.cfg_dict, self.run_dir, self.threads))

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from ablate import config as C
-from ablate.tracking import run_name
+from ablate.runs.tracking import run_name
 
 TOP_KEYS = ("name", "description", "base", "grid", "zip", "arms", "seeds", "exclude", "include",
             "executor", "slurm_profile", "out")

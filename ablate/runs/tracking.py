@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ablate.config import RunConfig, run_id, to_dict
-from ablate.store import RunStore
+from ablate.runs.store import RunStore
 
 STATE_FILE = "wandb.json"  # {"id": W&B run id, "last_step": last optimizer step committed to W&B}
 SAMPLE_COLUMNS = ("step", "split", "prompt", "completion", "reward", "advantage", "correct")

@@ -1,6 +1,6 @@
-"""`ablate tune SPEC | status SPEC` (mounted by ablate/cli.py as `app.add_typer(tune_app, name="tune")`).
+"""`ablate tune SPEC | status SPEC` (mounted by ablate/cli/main.py as `app.add_typer(tune_app, name="tune")`).
 
-Also the launcher: `launch(spec, ...)` creates the study and starts the workers of ablate/search.py as
+Also the launcher: `launch(spec, ...)` creates the study and starts the workers of ablate/experiments/search.py as
 local processes or one SLURM job array (launch.py's executors and profiles), and `summary(spec)` is
 what `ablate tune status` prints. docs/tune.md describes both.
 """
@@ -45,7 +45,7 @@ class TuneWorker:
     def __call__(self) -> int:
         import torch
 
-        from ablate.search import run_worker
+        from ablate.experiments.search import run_worker
 
         if self.threads:
             torch.set_num_threads(self.threads)
@@ -56,7 +56,7 @@ class TuneWorker:
         worker; the trial itself stays `running` until its heartbeat goes stale, then is retried (resuming)."""
         import submitit
 
-        from ablate import preemption
+        from ablate.train import preemption
 
         preemption.save_now()
         return submitit.helpers.DelayedSubmission(TuneWorker(self.spec, self.worker, self.threads))
@@ -68,8 +68,8 @@ def launch(spec, executor: str | None = None, workers: int | None = None, profil
     `slurm` job array (returns at once) or `inline` (one worker in this process). Returns the submitit jobs."""
     import submitit
 
-    from ablate import launch as L
-    from ablate.search import open_study, run_worker
+    from ablate.experiments import launch as L
+    from ablate.experiments.search import open_study, run_worker
 
     executor = executor or spec.executor["name"]
     workers = workers or spec.executor["workers"]
@@ -129,7 +129,7 @@ def summary(spec) -> dict:
     """Best trial (+ snippet), trials by state, importances, and one row per trial."""
     import optuna
 
-    from ablate.search import Retry, open_study
+    from ablate.experiments.search import Retry, open_study
 
     study = open_study(spec)
     trials = study.get_trials(deepcopy=False)
@@ -149,7 +149,7 @@ def summary(spec) -> dict:
 
 def _load(spec: Path, out: Path | None, storage: str | None):
     """A bad spec exits 2 with the message (file and key) before any study or trial exists."""
-    from ablate.search import SpecError, load_search
+    from ablate.experiments.search import SpecError, load_search
 
     try:
         return load_search(spec, out, storage)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ablate.stats import masked_mean
+from ablate.rl.stats import masked_mean
 
 
 def _lookup(registry: dict, name: str, what: str):

@@ -27,8 +27,8 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 from optuna.trial import TrialState
 
 from ablate import config as C
-from ablate import sweep as S
-from ablate.sweep import SpecError
+from ablate.experiments import sweep as S
+from ablate.experiments.sweep import SpecError
 
 TOP_KEYS = ("name", "description", "base", "search", "objective", "trials", "seeds", "sampler", "pruner",
             "storage", "heartbeat", "executor", "slurm_profile", "out")
@@ -341,9 +341,9 @@ def slurm_job_id() -> str | None:
 
 def run_trial(spec: SearchSpec, study: optuna.Study, trial: optuna.Trial) -> str:
     """Train the trial's runs (one per seed, each evaluation reported for pruning) and tell the study."""
-    from ablate import preemption
-    from ablate.store import RunStore
-    from ablate.trainer import train
+    from ablate.runs.store import RunStore
+    from ablate.train import preemption
+    from ablate.train.trainer import train
 
     def reporter(offset: int):  # the trainer's should_prune(step, eval_row): report, then ask the pruner
         return lambda step, ev: trial.report(float(ev[spec.metric]), offset + step) or trial.should_prune()

@@ -19,14 +19,16 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate import losses, preemption, stats
-from ablate.advantages import compute_advantages
 from ablate.config import RecipeConfig, RunConfig, run_id, to_dict
-from ablate.rewards import format_weight_at, overlong_penalty
-from ablate.rollout import LMPolicy, Rollout
-from ablate.store import RunStore
+from ablate.rl import losses, stats
+from ablate.rl.advantages import compute_advantages
+from ablate.rl.rewards import format_weight_at, overlong_penalty
+from ablate.rl.sampling import Rollout
+from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
+from ablate.train import preemption
+from ablate.train.rollout import LMPolicy
 
 
 class Diverged(RuntimeError):
@@ -43,10 +45,10 @@ def resolve_device(name: str) -> torch.device:
 
 def build_policy(cfg: RunConfig, task, device: torch.device):
     if cfg.task.name == "toy_addition":
-        from ablate.toy import ToyPolicy
+        from ablate.tasks.toy import ToyPolicy
 
         return ToyPolicy(task)
-    from ablate.models import load_model, load_tokenizer
+    from ablate.train.models import load_model, load_tokenizer
 
     use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
     model = load_model(cfg.model.path, device, torch.float32)  # fp32 master weights; bf16 via autocast
@@ -268,7 +270,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
 # --- logging helpers -------------------------------------------------------------------------------
 
 def step_metrics(batch: Batch, rewards, kl_reward, adv, mask, up: dict) -> dict[str, float]:
-    """The `train/*` metrics of one step (definitions in ablate/metrics.py)."""
+    """The `train/*` metrics of one step (definitions in ablate/runs/metrics.py)."""
     lengths = batch.rollout.lengths
     return {
         "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std(unbiased=False)),
@@ -305,7 +307,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     """Train `cfg` into the run folder `out_dir` (resuming from its checkpoint if any); returns the final
     state: completed, diverged, pruned or failed (failed also re-raises). `should_prune(step, eval_row)`
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
-    from ablate.tracking import open_mirrors
+    from ablate.runs.tracking import open_mirrors
 
     store = RunStore(out_dir)
     existing = store.read_config()

@@ -1,5 +1,5 @@
 """Every logged metric, defined once. `docs/metrics.md` is rendered from this table
-(`python -m ablate.metrics > docs/metrics.md`; a test keeps the two in step).
+(`python -m ablate.runs.metrics > docs/metrics.md`; a test keeps the two in step).
 
 Per-token quantities are means over completion tokens (mask 1); "groups" are the G completions of one
 prompt. Per-step metrics go to metrics.jsonl, evaluation metrics to evals.jsonl.
@@ -74,7 +74,7 @@ def is_defined(name: str) -> bool:
 
 
 def render_markdown() -> str:
-    lines = ["# Metrics", "", "Generated from `ablate/metrics.py`; do not edit by hand.", ""]
+    lines = ["# Metrics", "", "Generated from `ablate/runs/metrics.py`; do not edit by hand.", ""]
     for title, table in (("Per step (metrics.jsonl)", STEP_METRICS), ("Held-out evaluation (evals.jsonl)", EVAL_METRICS)):
         lines += [f"## {title}", "", "| metric | definition |", "|---|---|"]
         lines += [f"| `{name}` | {text} |" for name, text in table.items()]

@@ -1,4 +1,4 @@
-"""`ablate sweep plan | run | status | cancel` (mounted by ablate/cli.py as `app.add_typer(sweep_app, name="sweep")`)."""
+"""`ablate sweep plan | run | status | cancel` (mounted by ablate/cli/main.py as `app.add_typer(sweep_app, name="sweep")`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ console = Console()
 
 def _load(spec: Path, out: Path | None = None):
     """Spec -> (sweep, runs); a bad spec or any invalid run exits 2 with the message, writing nothing."""
-    from ablate.sweep import SpecError, SweepWarning, expand, load_spec
+    from ablate.experiments.sweep import SpecError, SweepWarning, expand, load_spec
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -52,7 +52,7 @@ def plan_table(runs, states: dict[str, str] | None = None) -> Table:
 def plan(spec: Path = typer.Argument(..., help="sweep spec YAML"),
          out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)")):
     """Print every run of the sweep (id, toggles, seed); submits nothing."""
-    from ablate.launch import MANIFEST, sweep_status
+    from ablate.experiments.launch import MANIFEST, sweep_status
 
     sweep, runs = _load(spec, out)
     states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
@@ -68,8 +68,8 @@ def run(spec: Path = typer.Argument(..., help="sweep spec YAML"),
         out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)"),
         quiet: bool = typer.Option(False, "--quiet", help="no live progress view")):
     """Submit the runs that are failed, cancelled or missing; completed runs are skipped."""
-    from ablate.launch import launch, sweep_status
-    from ablate.sweep import SpecError
+    from ablate.experiments.launch import launch, sweep_status
+    from ablate.experiments.sweep import SpecError
 
     if executor not in (None, "local", "slurm", "debug"):
         typer.secho(f"error: --executor {executor!r}: expected local, slurm or debug", fg="red", err=True)
@@ -100,7 +100,7 @@ def _counts(rows) -> None:
 def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)"),
            as_json: bool = typer.Option(False, "--json", help="machine-readable rows")):
     """Counts and per-run state (run store + scheduler)."""
-    from ablate.launch import stale_runs, sweep_status
+    from ablate.experiments.launch import stale_runs, sweep_status
 
     try:
         rows = sweep_status(runs_dir)
@@ -130,7 +130,7 @@ def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (hol
 @sweep_app.command()
 def cancel(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)")):
     """Stop the sweep's active jobs and mark every unfinished run `cancelled`."""
-    from ablate.launch import cancel as do_cancel
+    from ablate.experiments.launch import cancel as do_cancel
 
     try:
         ids = do_cancel(runs_dir)
@@ -162,7 +162,7 @@ class SweepView:
     def __init__(self, out: Path, runs, enabled: bool = True):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from ablate.store import RunStore
+        from ablate.runs.store import RunStore
 
         self.store = RunStore
         self.out, self.runs = out, {r.run_id: r for r in runs}

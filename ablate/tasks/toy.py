@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ablate.config import TaskConfig
-from ablate.rollout import Rollout, draw
+from ablate.rl.sampling import Rollout, draw
 from ablate.tasks.base import Problem, Split
 
 NUM_PROMPTS = 64

@@ -27,7 +27,7 @@ def train(
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ablate.trainer import train as run_train
+    from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
     state = run_train(cfg, str(out), progress=not quiet)
@@ -41,14 +41,14 @@ def base_model(
     seed: int = typer.Option(0, "--seed"),
 ):
     """Build (or reuse, if cached) the tiny local base model warm-started on arithmetic."""
-    from ablate.models import base_model_cli
+    from ablate.train.models import base_model_cli
 
     base_model_cli(str(out), seed)
 
 
-from ablate.cli_report import report  # noqa: E402
-from ablate.cli_sweep import sweep_app  # noqa: E402
-from ablate.cli_tune import tune_app  # noqa: E402
+from ablate.cli.report import report  # noqa: E402
+from ablate.cli.sweep import sweep_app  # noqa: E402
+from ablate.cli.tune import tune_app  # noqa: E402
 
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(tune_app, name="tune")

@@ -1,0 +1,1 @@
+"""The `ablate` command line: main (train, base-model), sweep, tune, report."""

@@ -1,0 +1,62 @@
+"""The sampled batch every policy returns (`Rollout`) and one-token sampling from logits (`draw`).
+
+Shared by the LM sampler (ablate/train/rollout.py) and the tabular toy policy (ablate/tasks/toy.py), so it
+sits below both. Completions of one prompt are contiguous: row i belongs to prompt i // G.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    prompt_ids: Tensor       # [N, P] left-padded
+    prompt_mask: Tensor      # [N, P] 1 on real prompt tokens
+    completion_ids: Tensor   # [N, T] right-padded after EOS
+    completion_mask: Tensor  # [N, T] float, 1 on generated tokens up to and including EOS
+    truncated: Tensor        # [N] bool, no EOS within the token budget
+    texts: list[str]         # decoded completions (EOS and padding removed)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def lengths(self) -> Tensor:  # [N]
+        return self.completion_mask.sum(-1)
+
+    def select(self, idx: Tensor) -> Rollout:
+        """Rows `idx` (a 1-d index tensor)."""
+        return Rollout(*(getattr(self, f.name)[idx] for f in fields(self)[:5]),
+                       texts=[self.texts[i] for i in idx.tolist()])
+
+    @staticmethod
+    def cat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Concatenate rows, re-padding prompts on the left and completions on the right."""
+        P = max(r.prompt_ids.shape[1] for r in parts)
+        T = max(r.completion_ids.shape[1] for r in parts)
+
+        def pad(x: Tensor, width: int, left: bool, value) -> Tensor:
+            gap = width - x.shape[1]
+            return F.pad(x, (gap, 0) if left else (0, gap), value=value)
+
+        return Rollout(
+            prompt_ids=torch.cat([pad(r.prompt_ids, P, True, pad_id) for r in parts]),
+            prompt_mask=torch.cat([pad(r.prompt_mask, P, True, 0) for r in parts]),
+            completion_ids=torch.cat([pad(r.completion_ids, T, False, pad_id) for r in parts]),
+            completion_mask=torch.cat([pad(r.completion_mask, T, False, 0.0) for r in parts]),
+            truncated=torch.cat([r.truncated for r in parts]),
+            texts=[t for r in parts for t in r.texts],
+        )
+
+
+def draw(logits: Tensor, temperature: float, greedy: bool) -> Tensor:
+    """One token per row from next-token logits [N, V] -> [N]."""
+    if greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1).squeeze(-1)
