@@ -54,3 +54,26 @@ def test_cli_and_run_store_readers_start_without_torch():
             "assert not heavy, heavy")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_cli_help_conventions():
+    """Usage lines name arguments as CONFIG / SPEC (not {config}), flags carry no `<bool>` placeholder,
+    `--version` answers, and `ablate tune --help` shows the `ablate tune SPEC` shortcut."""
+    from typer.testing import CliRunner
+
+    from ablate.cli.main import app
+
+    runner = CliRunner()
+    commands = [["train"], ["base-model"], ["report"], ["sweep", "plan"], ["sweep", "run"], ["sweep", "status"],
+                ["sweep", "cancel"], ["tune"], ["tune", "run"], ["tune", "status"], []]
+    for cmd in commands:
+        res = runner.invoke(app, [*cmd, "--help"], prog_name="ablate", env={"COLUMNS": "100"})
+        assert res.exit_code == 0, (cmd, res.output)
+        assert "<bool>" not in res.output and "{" not in res.output, (cmd, res.output)
+    assert "Usage: ablate train [OPTIONS] CONFIG" in runner.invoke(app, ["train", "--help"], prog_name="ablate").output
+    assert "Usage: ablate sweep run [OPTIONS] SPEC" in runner.invoke(app, ["sweep", "run", "--help"], prog_name="ablate").output
+    assert "ablate tune SPEC" in runner.invoke(app, ["tune", "--help"]).output
+    import ablate
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"ablate {ablate.__version__}"

@@ -12,20 +12,23 @@ from pathlib import Path
 
 import typer
 
-report_app = typer.Typer(add_completion=False, help="Ablation report (HTML + Markdown) from run folders.")
+from ablate.cli.options import Command, fail, new_app
+
+report_app = new_app("Ablation report (HTML + Markdown) from run folders.")
 
 
 def report(
-    runs: list[Path] = typer.Argument(..., help="sweep roots and/or run folders"),
-    out: Path | None = typer.Option(None, "-o", "--out", help="HTML file (default reports/<first folder name>.html); "
+    runs: list[Path] = typer.Argument(..., metavar="RUNS", help="sweep roots and/or run folders",
+                                      show_default=False),
+    out: Path | None = typer.Option(None, "-o", "--out", metavar="FILE", help="HTML file (default reports/<first folder name>.html); "
                                     "the Markdown summary goes next to it (.md)"),
-    metric: str | None = typer.Option(None, "--metric", help="metric compared across arms (default eval/pass@1)"),
-    x: str = typer.Option("steps", "--x", help="x axis of the curves: steps | samples | tokens | wall"),
-    ci: str = typer.Option("t", "--ci", help="interval of means, differences and effects: t (Student/Welch, right "
+    metric: str | None = typer.Option(None, "--metric", metavar="NAME", help="metric compared across arms (default eval/pass@1)"),
+    x: str = typer.Option("steps", "--x", metavar="AXIS", help="x axis of the curves: steps | samples | tokens | wall"),
+    ci: str = typer.Option("t", "--ci", metavar="METHOD", help="interval of means, differences and effects: t (Student/Welch, right "
                            "at few seeds) | percentile (rliable's bootstrap) | bca"),
-    reps: int = typer.Option(2000, "--reps", help="bootstrap replicates"),
-    seed: int = typer.Option(0, "--seed", help="bootstrap seed (the report is reproducible)"),
-    title: str | None = typer.Option(None, "--title"),
+    reps: int = typer.Option(2000, "--reps", metavar="N", help="bootstrap replicates"),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="bootstrap seed (the report is reproducible)"),
+    title: str | None = typer.Option(None, "--title", metavar="TEXT"),
     as_json: bool = typer.Option(False, "--json", help="also print the headline, warnings and tables as JSON"),
 ):
     """Build the report; prints the headline and warnings."""
@@ -33,14 +36,12 @@ def report(
 
     missing = [str(p) for p in runs if not p.exists()]
     if missing:
-        typer.secho(f"error: no such folder: {', '.join(missing)}", fg="red", err=True)
-        raise typer.Exit(2)
+        fail(f"no such folder: {', '.join(missing)}")
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
     try:
         rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci)
     except ValueError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
     for line in rep.headline:
         typer.echo(f"  {line}")
@@ -50,4 +51,4 @@ def report(
         typer.echo(report_json(rep))
 
 
-report_app.command()(report)
+report_app.command(cls=Command)(report)

@@ -11,8 +11,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-sweep_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Grid sweeps over recipe toggles x seeds (docs/sweeps.md).")
+from ablate.cli.options import (
+    AsJson,
+    Command,
+    Profile,
+    Quiet,
+    RunsDir,
+    RunsRoot,
+    SweepSpec,
+    check_choice,
+    fail,
+    new_app,
+)
+
+sweep_app = new_app("Grid sweeps over recipe toggles x seeds (docs/sweeps.md).")
 console = Console()
 
 
@@ -26,8 +38,7 @@ def _load(spec: Path, out: Path | None = None):
             sweep = load_spec(spec)
             runs = expand(sweep)
     except SpecError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
     for w in caught:
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
     if out is not None:
@@ -48,9 +59,8 @@ def plan_table(runs, states: dict[str, str] | None = None) -> Table:
     return table
 
 
-@sweep_app.command()
-def plan(spec: Path = typer.Argument(..., help="sweep spec YAML"),
-         out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)")):
+@sweep_app.command(cls=Command)
+def plan(spec: SweepSpec, out: RunsRoot = None):
     """Print every run of the sweep (id, toggles, seed); submits nothing."""
     from ablate.experiments.launch import MANIFEST, sweep_status
 
@@ -60,27 +70,26 @@ def plan(spec: Path = typer.Argument(..., help="sweep spec YAML"),
     console.print(f"runs root: {sweep.out}")
 
 
-@sweep_app.command()
-def run(spec: Path = typer.Argument(..., help="sweep spec YAML"),
-        executor: str | None = typer.Option(None, "--executor", help="local | slurm | debug (default: spec, else local)"),
-        profile: Path | None = typer.Option(None, "--profile", help="SLURM profile YAML (slurm/profiles/X.yaml)"),
-        max_parallel: int | None = typer.Option(None, "--max-parallel", help="local: processes; slurm: array parallelism"),
-        out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)"),
-        quiet: bool = typer.Option(False, "--quiet", help="no live progress view")):
+@sweep_app.command(cls=Command)
+def run(spec: SweepSpec,
+        executor: str | None = typer.Option(None, "--executor", metavar="NAME",
+                                            help="local | slurm | debug (default: spec, else local)"),
+        profile: Profile = None,
+        max_parallel: int | None = typer.Option(None, "--max-parallel", metavar="N",
+                                                help="local: processes; slurm: array parallelism"),
+        out: RunsRoot = None,
+        quiet: Quiet = False):
     """Submit the runs that are failed, cancelled or missing; completed runs are skipped."""
     from ablate.experiments.launch import launch, sweep_status
     from ablate.experiments.sweep import SpecError
 
-    if executor not in (None, "local", "slurm", "debug"):
-        typer.secho(f"error: --executor {executor!r}: expected local, slurm or debug", fg="red", err=True)
-        raise typer.Exit(2)
+    check_choice("--executor", executor, ("local", "slurm", "debug"))
     sweep, runs = _load(spec, out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         res = launch(sweep, runs, executor, profile, max_parallel, view=None if quiet else SweepView)
     except SpecError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
     console.print(f"{len(runs)} runs: {len(res['submitted'])} submitted, {len(res['skipped'])} already finished, "
                   f"{len(res['active'])} still active -> {sweep.out}")
     rows = sweep_status(sweep.out)
@@ -96,17 +105,15 @@ def _counts(rows) -> None:
     console.print("  ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
 
 
-@sweep_app.command()
-def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)"),
-           as_json: bool = typer.Option(False, "--json", help="machine-readable rows")):
+@sweep_app.command(cls=Command)
+def status(runs_dir: RunsDir, as_json: AsJson = False):
     """Counts and per-run state (run store + scheduler)."""
     from ablate.experiments.launch import stale_runs, sweep_status
 
     try:
         rows = sweep_status(runs_dir)
     except FileNotFoundError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
@@ -127,16 +134,15 @@ def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (hol
                       f"but not part of this sweep: {', '.join(stale[:4])}{' ...' if len(stale) > 4 else ''}")
 
 
-@sweep_app.command()
-def cancel(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (holds manifest.json)")):
+@sweep_app.command(cls=Command)
+def cancel(runs_dir: RunsDir):
     """Stop the sweep's active jobs and mark every unfinished run `cancelled`."""
     from ablate.experiments.launch import cancel as do_cancel
 
     try:
         ids = do_cancel(runs_dir)
     except FileNotFoundError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
     console.print(f"cancelled {len(ids)} run(s)")
 # --- live view (local executor) ----------------------------------------------------------------------
 

@@ -17,11 +17,12 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
+
+from ablate.cli.options import AsJson, Command, Group, Profile, RunsRoot, SearchSpec, check_choice, fail, new_app
 
 
-class _RunByDefault(TyperGroup):
-    """`ablate tune SPEC ...` means `ablate tune run SPEC ...` (the issue's spelling)."""
+class _RunByDefault(Group):
+    """`ablate tune SPEC ...` means `ablate tune run SPEC ...`."""
 
     def parse_args(self, ctx, args):
         if args and not args[0].startswith("-") and args[0] not in self.commands:
@@ -29,8 +30,8 @@ class _RunByDefault(TyperGroup):
         return super().parse_args(ctx, args)
 
 
-tune_app = typer.Typer(cls=_RunByDefault, add_completion=False, no_args_is_help=True,
-                       help="Optuna searches over config keys (docs/tune.md): ablate tune SPEC | status SPEC.")
+tune_app = new_app("Optuna searches over config keys (docs/tune.md).\n\n"
+                   "ablate tune SPEC [OPTIONS] is short for ablate tune run SPEC [OPTIONS].", group=_RunByDefault)
 console = Console()
 
 
@@ -154,21 +155,23 @@ def _load(spec: Path, out: Path | None, storage: str | None):
     try:
         return load_search(spec, out, storage)
     except SpecError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
 
 
-@tune_app.command()
-def run(spec: Path = typer.Argument(..., help="search spec YAML (sweeps/tune_*.yaml)"),
-        executor: str | None = typer.Option(None, "--executor", help="local | slurm | inline (default: the spec's)"),
-        workers: int | None = typer.Option(None, "--workers", help="worker processes / array tasks"),
-        storage: str | None = typer.Option(None, "--storage", help="sqlite:///PATH | journal:PATH | postgresql://..."),
-        profile: Path | None = typer.Option(None, "--profile", help="SLURM profile YAML (slurm/profiles/X.yaml)"),
-        out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`, else runs/<name>)")):
+Storage = typer.Option(None, "--storage", metavar="URL", help="sqlite:///PATH | journal:PATH | postgresql://... "
+                       "(default: the spec's)")
+
+
+@tune_app.command(cls=Command)
+def run(spec: SearchSpec,
+        executor: str | None = typer.Option(None, "--executor", metavar="NAME",
+                                            help="local | slurm | inline (default: the spec's)"),
+        workers: int | None = typer.Option(None, "--workers", metavar="N", help="worker processes / array tasks"),
+        storage: str | None = Storage,
+        profile: Profile = None,
+        out: RunsRoot = None):
     """Create (or resume) the study and run its workers until the trial budget is used."""
-    if executor not in (None, "local", "slurm", "inline"):
-        typer.secho(f"error: --executor {executor!r}: expected local, slurm or inline", fg="red", err=True)
-        raise typer.Exit(2)
+    check_choice("--executor", executor, ("local", "slurm", "inline"))
     s = _load(spec, out, storage)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     jobs = launch(s, executor, workers, profile)
@@ -185,11 +188,8 @@ def run(spec: Path = typer.Argument(..., help="search spec YAML (sweeps/tune_*.y
         raise typer.Exit(1)
 
 
-@tune_app.command()
-def status(spec: Path = typer.Argument(..., help="search spec YAML"),
-           storage: str | None = typer.Option(None, "--storage", help="default: the spec's"),
-           out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's)"),
-           as_json: bool = typer.Option(False, "--json", help="machine-readable summary")):
+@tune_app.command(cls=Command)
+def status(spec: SearchSpec, storage: str | None = Storage, out: RunsRoot = None, as_json: AsJson = False):
     """Best trial (and a sweep snippet reproducing it), trials by state, parameter importances."""
     s = _load(spec, out, storage)
     try:
@@ -198,8 +198,7 @@ def status(spec: Path = typer.Argument(..., help="search spec YAML"),
         else:
             _print_status(s)
     except KeyError as err:  # optuna.load_study: no such study
-        typer.secho(f"error: no study {s.name!r} in {s.storage} ({err})", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(f"no study {s.name!r} in {s.storage} ({err})")
 
 
 def _print_status(s) -> None:
