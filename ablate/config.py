@@ -64,7 +64,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RecipeConfig:
-    """The RL recipe toggles; DESIGN.md section 3 defines each one."""
+    """The RL recipe toggles; docs/recipes.md defines each one."""
 
     group_size: int = 8
     baseline: Baseline = "group_mean"

@@ -1,4 +1,4 @@
-"""Hand-computed advantage values, including every worked example of DESIGN.md section 5."""
+"""Hand-computed advantage values, including every worked example of docs/recipes.md ("Worked examples")."""
 
 import math
 

@@ -1,5 +1,5 @@
 """Training-health diagnostics per arm and the warnings a report raises (rules of thumb from
-DESIGN.md section 6). Thresholds are module constants so a study can tune them."""
+docs/report.md, table "Sections", row "Diagnostics"). Thresholds are module constants so a study can tune them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Advantage estimators: a baseline b and a scale s, A = (r - b) / s. DESIGN.md section 3.
+"""Advantage estimators: a baseline b and a scale s, A = (r - b) / s. docs/recipes.md, "Advantages".
 
 Two registries of pure tensor functions; `compute_advantages` composes one of each.
 Shapes: P prompts, G completions per prompt; rewards [P,G], one advantage per completion [P,G]

@@ -1,4 +1,4 @@
-"""Policy-loss components as pure tensor functions. DESIGN.md section 3.
+"""Policy-loss components as pure tensor functions. docs/recipes.md, "Policy loss" to "Entropy bonus".
 
 Shapes: N completions, T completion positions (padded), V vocabulary. `mask` [N,T] is 1/True on
 completion tokens that count. Masked positions may hold any finite garbage: every function here

@@ -38,7 +38,7 @@ STEP_METRICS: dict[str, str] = {
     "train/truncation_rate": "share of completions that hit `recipe.max_new_tokens` without EOS",
     "train/loss": "total loss (mean over the step's minibatch updates)",
     "train/loss_policy": "clipped surrogate policy loss",
-    "train/loss_kl": "KL term of the loss, before the coefficient (0 unless `recipe.kl_placement=loss`)",
+    "train/loss_kl": "KL term before the coefficient, aggregated like the policy loss (measured whenever KL is on; added to the loss only with `recipe.kl_placement=loss`)",
     "train/loss_entropy": "entropy term of the loss, before the coefficient",
     "train/grad_norm": "global gradient norm before clipping (mean over minibatch updates)",
     "train/lr": "learning rate of the step",
