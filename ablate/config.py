@@ -104,7 +104,7 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 = off
     warmup_steps: int = 0
     # normalized_sgd: no step when the global gradient norm is <= this (0 = always step). A batch whose
-    # advantages are all zero up to rounding would otherwise take a full-length step along rounding noise.
+    # advantages are zero up to rounding would otherwise step along the rounding noise.
     min_grad_norm: float = 0.0
 
 

@@ -8,6 +8,8 @@ pass@1 after every step up to float64 rounding. The full harness table: README.m
 """
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,9 @@ import torch
 from conftest import crash_training_at
 
 from ablate.config import ConfigError, load
+from ablate.runs.store import RunStore
 from ablate.tasks.toy import build_policy, build_task, chapter_instance
-from ablate.train.trainer import train
+from ablate.train.trainer import NormalizedSGD, train
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("chapter_run", ROOT / "reproductions/rlvr_chapter_toy/run.py")
@@ -170,7 +173,29 @@ def test_chapter_run_resumes_on_the_same_stream(tmp_path, monkeypatch):
     cfg = load("configs/toy.yaml", run.overrides("GRPO", True, 0, steps=30) + ["checkpoint_every=10"])
     crash_training_at(monkeypatch, cfg, tmp_path, step=15)
     assert train(cfg, str(tmp_path), progress=False) == "completed"
-    assert np.abs(run.curve(run.RunStore(tmp_path)) - reference("GRPO", True, 0, 30)[0]).max() < 1e-12
+    assert np.abs(run.curve(RunStore(tmp_path)) - reference("GRPO", True, 0, 30)[0]).max() < 1e-12
+
+
+def test_ablate_train_command_line_runs_the_chapter(tmp_path):
+    args = [a for o in run.overrides("batch mean", True, 2, steps=20) for a in ("--set", o)]
+    res = subprocess.run([sys.executable, "-c", "from ablate.cli.main import main; main()", "train",
+                          str(ROOT / "configs/toy.yaml"), *args, "--quiet", "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    curve, dead = reference("batch mean", True, 2, 20)
+    store = RunStore(tmp_path / "r")
+    assert np.array_equal(run.dead(store), dead)
+    assert np.abs(run.curve(store) - curve).max() < 1e-13
+
+
+def test_normalized_sgd_skips_a_step_below_min_norm():
+    for min_norm, moved in ((0.0, True), (1e-8, False)):
+        p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+        p.grad = torch.tensor([1e-10, 0.0, 0.0], dtype=torch.float64)  # rounding noise, all groups dead
+        NormalizedSGD([p], lr=1.0, min_norm=min_norm).step()
+        assert bool(p.detach().abs().sum() > 0.5) is moved  # a full unit step along the noise, or none
+    with pytest.raises(ConfigError, match="optim.min_grad_norm"):
+        load("configs/quickstart.yaml", ["optim.min_grad_norm=1e-8"])
 
 
 def test_toy_instance_needs_the_toy_task():
