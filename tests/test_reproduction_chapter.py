@@ -136,16 +136,19 @@ def test_initial_stats_and_entropy_check_match_published():
     assert measured["entropy check: -eta Cov(log pi, A)"] == pytest.approx(-0.002733, abs=5e-7)
 
 
+SHORT = 60  # steps of the REINFORCE and batch-mean runs
+
+
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     """Raw and offset runs through the trainer, as the reproduction's runner trains them: GRPO at seeds
-    0-1 and RLOO at seed 0 x 250 steps, REINFORCE and batch mean at seed 0 x 100 steps. With the offset,
+    0-1 and RLOO at seed 0 x 250 steps, REINFORCE and batch mean at seed 0 x 60 steps. With the offset,
     RLOO seed 0 meets steps whose 16 groups are all dead (235, 237): its advantages are then rounding
     noise, and only the chapter's no-step rule (optim.min_grad_norm=1e-8) keeps it on the reference."""
     out = tmp_path_factory.mktemp("chapter")
     stores = {**run.train_runs(out, ["GRPO"], [0, 1], 250), **run.train_runs(out, ["RLOO"], [0], 250)}
-    stores.update({(m, o, s, 100): v for (m, o, s), v in
-                   run.train_runs(out, ["REINFORCE", "batch mean"], [0], 100).items()})
+    stores.update({(m, o, s, SHORT): v for (m, o, s), v in
+                   run.train_runs(out, ["REINFORCE", "batch mean"], [0], SHORT).items()})
     return stores
 
 
@@ -165,7 +168,7 @@ def test_harness_group_estimators_ignore_the_offset(harness):
         assert measured[f"final pass@1 {m}, raw"] == pytest.approx(ref, abs=1e-11)
     # the offset does move plain REINFORCE and the batch-mean baseline
     for m in ("REINFORCE", "batch mean"):
-        raw, off = (run.curve(harness[m, o, 0, 100]) for o in (False, True))
+        raw, off = (run.curve(harness[m, o, 0, SHORT]) for o in (False, True))
         assert np.abs(raw - off).max() > 1e-3, m
 
 
@@ -177,12 +180,12 @@ def test_chapter_run_resumes_on_the_same_stream(tmp_path, monkeypatch):
 
 
 def test_ablate_train_command_line_runs_the_chapter(tmp_path):
-    args = [a for o in run.overrides("batch mean", True, 2, steps=20) for a in ("--set", o)]
+    args = [a for o in run.overrides("batch mean", True, 2, steps=10) for a in ("--set", o)]
     res = subprocess.run([sys.executable, "-c", "from ablate.cli.main import main; main()", "train",
                           str(ROOT / "configs/toy.yaml"), *args, "--quiet", "--out", str(tmp_path / "r")],
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    curve, dead = reference("batch mean", True, 2, 20)
+    curve, dead = reference("batch mean", True, 2, 10)
     store = RunStore(tmp_path / "r")
     assert np.array_equal(run.dead(store), dead)
     assert np.abs(run.curve(store) - curve).max() < 1e-13
