@@ -54,6 +54,9 @@ class TaskConfig:
     answer_format: Literal["boxed", "answer_tag"] = "boxed"
     # toy_addition: fixed per-prompt reward offset, standard normal (a reward model's prompt bias)
     reward_offset: bool = False
+    # toy_addition: which instance. default = the project's torch draw; chapter = the RLVR chapter's
+    # published numpy instance and sampling stream (reproductions/rlvr_chapter_toy)
+    toy_instance: Literal["default", "chapter"] = "default"
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # 0 = off
     warmup_steps: int = 0
+    # normalized_sgd: no step when the global gradient norm is <= this (0 = always step). A batch whose
+    # advantages are zero up to rounding would otherwise step along the rounding noise.
+    min_grad_norm: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -326,6 +332,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+    check(o.min_grad_norm >= 0, "optim.min_grad_norm must be >= 0 (0 = always step)")
+    check(o.min_grad_norm == 0 or o.optimizer == "normalized_sgd",
+          "optim.min_grad_norm is only defined for optim.optimizer='normalized_sgd'")
     check(e.every >= 0, "eval.every must be >= 0")
     check(e.n_samples >= 1, "eval.n_samples must be >= 1")
     check(len(e.ks) >= 1 and all(1 <= k <= e.n_samples for k in e.ks),
@@ -341,6 +350,8 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(not t.gameable or t.name == "arithmetic", "task.gameable is only defined for task.name='arithmetic'")
     check(not t.reward_offset or t.name == "toy_addition",
           "task.reward_offset is only defined for task.name='toy_addition'")
+    check(t.toy_instance == "default" or t.name == "toy_addition",
+          "task.toy_instance is only defined for task.name='toy_addition'")
     if t.name == "toy_addition":
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

@@ -6,10 +6,15 @@ the second token per prompt and first token, [P, 10, 10]. Each prompt gets a "pr
 u ~ U[-0.5, 3.5] on its correct tokens, so some prompts start nearly solved and many nearly hopeless.
 It goes through the trainer's real rollout, advantage, loss and metric code, trains in seconds, and its
 pass@1 is exact: the product of the two correct-token probabilities, averaged over prompts.
+
+Two instances (`task.toy_instance`): `default`, drawn with torch; and `chapter`, the instance of the RLVR
+chapter's published toy study, drawn with numpy, sampled from one numpy stream in the chapter's order and
+computed in float64 (reproductions/rlvr_chapter_toy reruns its table through the normal trainer).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -30,6 +35,7 @@ class ToyTask:
 
     name = "toy_addition"
     heldout_is_train = True
+    reward_dtype = torch.float32  # dtype of the reward tensors the trainer builds from the scores
 
     def __init__(self, cfg: TaskConfig):
         g = torch.Generator().manual_seed(cfg.seed)
@@ -41,6 +47,17 @@ class ToyTask:
         self.offset = {p.id: (o if cfg.reward_offset else 0.0) for p, o in zip(self._problems, offsets)}
         self.skill = (torch.rand(NUM_PROMPTS, generator=g) * 4.0 - 0.5)  # U[-0.5, 3.5]
         self.init_seed = cfg.seed
+
+    def initial_logits(self) -> tuple[Tensor, Tensor]:
+        """The policy's starting tables, first [P, 10] and second [P, 10, 10], skill bonus included."""
+        g = torch.Generator().manual_seed(self.init_seed + 1)
+        first = torch.randn(NUM_PROMPTS, 10, generator=g)
+        second = torch.randn(NUM_PROMPTS, 10, 10, generator=g)
+        for i, p in enumerate(self._problems):
+            tens, ones = answer_tokens(p)
+            first[i, tens] += self.skill[i]
+            second[i, tens, ones] += self.skill[i]
+        return first, second
 
     def problems(self, split: Split) -> list[Problem]:
         return list(self._problems)
@@ -65,15 +82,8 @@ class ToyPolicy(nn.Module):
 
     def __init__(self, task: ToyTask):
         super().__init__()
-        P = NUM_PROMPTS
-        g = torch.Generator().manual_seed(task.init_seed + 1)
-        first = torch.randn(P, 10, generator=g)
-        second = torch.randn(P, 10, 10, generator=g)
+        first, second = task.initial_logits()
         self.index = {p.prompt: i for i, p in enumerate(task.problems("train"))}
-        for i, p in enumerate(task.problems("train")):
-            tens, ones = answer_tokens(p)
-            first[i, tens] += task.skill[i]
-            second[i, tens, ones] += task.skill[i]
         self.first = nn.Parameter(first)    # [P, 10]
         self.second = nn.Parameter(second)  # [P, 10, 10]
         self.device = torch.device("cpu")
@@ -91,6 +101,10 @@ class ToyPolicy(nn.Module):
         rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
         tens = draw(self.first[rows], temperature, greedy)
         ones = draw(self.second[rows, tens], temperature, greedy)
+        return self._rollout(rows, tens, ones)
+
+    @staticmethod
+    def _rollout(rows: Tensor, tens: Tensor, ones: Tensor) -> Rollout:
         completion = torch.stack([tens, ones], dim=1)  # [N, 2]
         N = len(rows)
         return Rollout(prompt_ids=rows[:, None], prompt_mask=torch.ones(N, 1, dtype=torch.long),
@@ -104,14 +118,117 @@ class ToyPolicy(nn.Module):
         return torch.stack([self.first[rows], self.second[rows, tens]], dim=1)  # [N, 2, 10]
 
     @torch.no_grad()
-    def exact_pass1(self, problems: list[Problem]) -> float:
-        """Mean over prompts of p(tens*) * p(ones* | tens*), at temperature 1."""
-        total = 0.0
+    def pass1_per_prompt(self, problems: list[Problem]) -> list[float]:
+        """p(tens*) * p(ones* | tens*) of each prompt, at temperature 1."""
+        out = []
         for p in problems:
             i, (tens, ones) = self.index[p.prompt], answer_tokens(p)
-            total += float(self.first[i].softmax(-1)[tens] * self.second[i, tens].softmax(-1)[ones])
-        return total / len(problems)
+            out.append(float(self.first[i].softmax(-1)[tens] * self.second[i, tens].softmax(-1)[ones]))
+        return out
+
+    def exact_pass1(self, problems: list[Problem]) -> float:
+        """Mean over prompts of p(tens*) * p(ones* | tens*), at temperature 1."""
+        return sum(self.pass1_per_prompt(problems)) / len(problems)
+
+
+# --- the RLVR chapter's instance ---------------------------------------------------------------------
+
+def chapter_instance(seed: int = 0) -> dict[str, np.ndarray]:
+    """The chapter's toy, drawn as published: rng0 = default_rng(seed) draws a, b, L1, L2, skill, offset
+    in this order, then L1[i, tens_i] += skill_i and L2[i, tens_i, ones_i] += skill_i (float64)."""
+    rng0 = np.random.default_rng(seed)
+    a = rng0.integers(0, 10, NUM_PROMPTS)
+    b = rng0.integers(0, 10, NUM_PROMPTS)
+    first = rng0.normal(size=(NUM_PROMPTS, 10))       # L1 [P, 10]
+    second = rng0.normal(size=(NUM_PROMPTS, 10, 10))  # L2 [P, 10, 10]
+    skill = rng0.uniform(-0.5, 3.5, NUM_PROMPTS)
+    tens, ones, i = (a + b) // 10, (a + b) % 10, np.arange(NUM_PROMPTS)
+    first[i, tens] += skill
+    second[i, tens, ones] += skill
+    offset = rng0.normal(0, 1, NUM_PROMPTS)
+    return dict(a=a, b=b, first=first, second=second, skill=skill, offset=offset)
+
+
+class ChapterToyTask(ToyTask):
+    """The chapter's instance. Its 64 prompts repeat some sums, so each prompt text carries its index
+    ("[i] a+b=") to keep one table row per prompt (the policy looks rows up by prompt text)."""
+
+    reward_dtype = torch.float64  # the chapter is float64 throughout: a float32 reward rounds the offset
+
+    def __init__(self, cfg: TaskConfig):
+        inst = chapter_instance(cfg.seed)
+        self._problems = [Problem(id=f"toy-{i}", prompt=f"[{i}] {a}+{b}=", answer=f"{a + b:02d}")
+                          for i, (a, b) in enumerate(zip(inst["a"].tolist(), inst["b"].tolist()))]
+        self.offset = {p.id: (o if cfg.reward_offset else 0.0)
+                       for p, o in zip(self._problems, inst["offset"].tolist())}
+        self.skill = torch.from_numpy(inst["skill"])
+        self._logits = torch.from_numpy(inst["first"]), torch.from_numpy(inst["second"])
+        self.init_seed = cfg.seed
+
+    def initial_logits(self) -> tuple[Tensor, Tensor]:
+        return self._logits[0].clone(), self._logits[1].clone()
+
+
+def inverse_cdf(logits: Tensor, u: Tensor) -> Tensor:
+    """The chapter's sampler: the first index whose cumulative probability exceeds u.
+    logits [N, V], u [N, 1] uniforms in [0, 1) -> [N] (argmax returns the first maximum)."""
+    return (torch.softmax(logits, dim=-1).cumsum(-1) > u).long().argmax(-1)
+
+
+class ChapterStream:
+    """The chapter's random stream, rng = default_rng(run seed); per call of `take(B)`, in this order:
+    x = rng.integers(0, P, B) (prompts with replacement), then rng.random((B*G, 1)) for the first and
+    rng.random((B*G, 1)) for the second token of the next `policy.sample`. The trainer's PromptStream
+    interface: `take` and `position` (here the generator's state, saved in checkpoints)."""
+
+    def __init__(self, policy: ChapterToyPolicy, seed: int, group_size: int):
+        self.policy, self.group_size = policy, group_size
+        self.rng = np.random.default_rng(seed)
+
+    def take(self, k: int) -> list[int]:
+        x = self.rng.integers(0, NUM_PROMPTS, k)
+        n = k * self.group_size
+        self.policy.uniforms = (torch.from_numpy(self.rng.random((n, 1))), torch.from_numpy(self.rng.random((n, 1))))
+        return x.tolist()
+
+    @property
+    def position(self) -> dict:
+        return self.rng.bit_generator.state
+
+    @position.setter
+    def position(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
+class ChapterToyPolicy(ToyPolicy):
+    """Training rollouts sample by inverse CDF from the uniforms its ChapterStream drew for them; held-out
+    evaluation and greedy decodes sample as the default toy does (torch RNG), so evaluating at any
+    schedule leaves the training trajectory unchanged. Tables are float64."""
+
+    def __init__(self, task: ChapterToyTask):
+        super().__init__(task)
+        self.uniforms: tuple[Tensor, Tensor] | None = None  # ([N, 1], [N, 1]) for the next training sample
+
+    def prompt_stream(self, cfg) -> ChapterStream:
+        return ChapterStream(self, cfg.seed, cfg.recipe.group_size)
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+               greedy: bool = False) -> Rollout:
+        if greedy or self.uniforms is None:
+            return super().sample(prompts, n, temperature, max_new_tokens, greedy)
+        (u1, u2), self.uniforms = self.uniforms, None
+        rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
+        if len(rows) != len(u1):
+            raise ValueError(f"the stream drew uniforms for {len(u1)} rows, sample asks for {len(rows)}")
+        tens = inverse_cdf(self.first[rows] / temperature, u1)
+        ones = inverse_cdf(self.second[rows, tens] / temperature, u2)
+        return self._rollout(rows, tens, ones)
 
 
 def build_task(cfg: TaskConfig) -> ToyTask:
-    return ToyTask(cfg)
+    return ChapterToyTask(cfg) if cfg.toy_instance == "chapter" else ToyTask(cfg)
+
+
+def build_policy(task: ToyTask) -> ToyPolicy:
+    return ChapterToyPolicy(task) if isinstance(task, ChapterToyTask) else ToyPolicy(task)

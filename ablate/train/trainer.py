@@ -45,9 +45,9 @@ def resolve_device(name: str) -> torch.device:
 
 def build_policy(cfg: RunConfig, task, device: torch.device):
     if cfg.task.name == "toy_addition":
-        from ablate.tasks.toy import ToyPolicy
+        from ablate.tasks.toy import build_policy as build_toy_policy
 
-        return ToyPolicy(task)
+        return build_toy_policy(task)
     from ablate.train.models import load_model, load_tokenizer
 
     use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
@@ -56,15 +56,19 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
 
 
 class NormalizedSGD(torch.optim.Optimizer):
-    """A step of length lr along the globally normalised gradient: compares estimators on direction only."""
+    """A step of length lr along the globally normalised gradient: compares estimators on direction only.
+    No step when the global norm is <= min_norm (> 0)."""
 
-    def __init__(self, params, lr: float):
+    def __init__(self, params, lr: float, min_norm: float = 0.0):
         super().__init__(params, dict(lr=lr))
+        self.min_norm = min_norm
 
     @torch.no_grad()
     def step(self):
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if self.min_norm and float(norm) <= self.min_norm:
+            return
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
@@ -77,7 +81,7 @@ def make_optimizer(module: torch.nn.Module, cfg: RunConfig):
     opt = {
         "adamw": lambda: torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay),
         "sgd": lambda: torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay),
-        "normalized_sgd": lambda: NormalizedSGD(params, lr=o.lr),
+        "normalized_sgd": lambda: NormalizedSGD(params, lr=o.lr, min_norm=o.min_grad_norm),
     }[o.optimizer]()
     warmup = max(o.warmup_steps, 1)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
@@ -120,7 +124,8 @@ class Batch:
 def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int, fmt_weight: float):
     """[B, group] tensors: total task reward (verifier + fmt_weight * format + overlong) and its components."""
     texts = rollout.texts
-    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)])
+    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)],
+                           dtype=getattr(task, "reward_dtype", torch.float32))  # the chapter toy: float64
     fmt = torch.tensor([task.format_score(t) for t in texts]) if r.format_weight else torch.zeros(len(texts))
     if r.overlong == "soft_penalty":
         over = overlong_penalty(rollout.lengths.cpu(), r.max_new_tokens, r.overlong_buffer, r.overlong_factor)
@@ -348,7 +353,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     if ref is not None:
         ref.module.requires_grad_(False)
     optimizer, scheduler = make_optimizer(policy.module, cfg)
-    stream = PromptStream(len(train_set), cfg.seed)
+    # a policy with its own random stream (the chapter toy) draws its prompts and sampling noise from it
+    stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else \
+        PromptStream(len(train_set), cfg.seed)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
 
     ckpt = store.load_checkpoint()
