@@ -47,11 +47,45 @@ def _ranking_rows(rep):
         diff = "reference" if r.reference else _ci(r.diff, r.diff_lo, r.diff_hi, s) + \
             ("" if r.paired is None else (" (paired)" if r.paired else " (unpaired)"))
         poi = "" if r.reference else _ci(r.poi, r.poi_lo, r.poi_hi, 1, 2)
+        tests = [""] * len(_adj_header(rep)) if r.reference else _adj_cols(rep, r, r.diff)
         rows.append([i, r.arm, f"{r.n}/{r.runs}", _ci(r.mean, r.mean_lo, r.mean_hi, s),
-                     _ci(r.iqm, r.iqm_lo, r.iqm_hi, s), diff, poi,
+                     _ci(r.iqm, r.iqm_lo, r.iqm_hi, s), diff, *tests, poi,
                      "–" if not np.isfinite(r.sd) else f"{r.sd * s:.2f}", r.excluded])
     return ["#", "arm", "seeds used/runs", f"mean {rep.unit} [95% CI]", "IQM [95% CI]",
-            "difference to reference [95% CI]", "P(improvement) [95% CI]", "seed sd", "excluded runs"], rows
+            "difference to reference [95% CI]", *_adj_header(rep), "P(improvement) [95% CI]", "seed sd",
+            "excluded runs"], rows
+
+
+ADJUST_NAMES = {"none": "no adjustment", "holm": "Holm", "bh": "Benjamini-Hochberg"}
+
+
+def _p(v) -> str:
+    if v is None or not np.isfinite(v):
+        return "–"
+    return "<0.001" if v < 0.001 else f"{v:.3f}"
+
+
+def _adj_cols(rep, r, est) -> list:
+    """p, adjusted p and interval, MDE (and seeds needed for the user's effect) of one contrast row."""
+    out = [_p(r.p)]
+    if rep.adjust != "none":
+        ci = "–" if not np.isfinite(r.adj_lo) else \
+            f"[{r.adj_lo * rep.scale:.1f}, {r.adj_hi * rep.scale:.1f}]" + ("" if r.adj_significant else " n.s.")
+        out += [_p(r.p_adj), ci]
+    out.append("–" if not np.isfinite(r.mde) else f"{r.mde * rep.scale:.1f}")
+    if rep.mde_target:
+        out.append("–" if not np.isfinite(r.seeds_needed) else f"{int(r.seeds_needed)}")
+    return out
+
+
+def _adj_header(rep) -> list:
+    h = ["p (t test)"]
+    if rep.adjust != "none":
+        h += [f"p {ADJUST_NAMES[rep.adjust]}", f"adjusted CI ({ADJUST_NAMES[rep.adjust]})"]
+    h.append(f"MDE ({rep.unit})")
+    if rep.mde_target:
+        h.append(f"seeds per arm for {rep.mde_target * rep.scale:g}")
+    return h
 
 
 CI_NAMES = {"t": "Student t (Welch for unpaired arms)", "percentile": "percentile bootstrap (rliable)",
@@ -61,15 +95,22 @@ CI_NAMES = {"t": "Student t (Welch for unpaired arms)", "percentile": "percentil
 def _ci_note(rep) -> str:
     return (f"95% CIs over seeds. Means, differences and effects: {CI_NAMES[rep.ci_method]}, paired by seed where "
             f"arms share seeds; IQM and P(improvement): percentile bootstrap. A CI that excludes 0 at 3-5 seeds is "
-            f"one draw of a 5%-level test, not a verdict.")
+            f"one draw of a 5%-level test, not a verdict. p: two-sided t test of the contrast. "
+            + ("No adjustment for multiple comparisons. " if rep.adjust == "none" else
+               f"Adjusted ({ADJUST_NAMES[rep.adjust]}, each table one family): p-values, and intervals at the "
+               f"family's adjusted level (Bonferroni 1 - 0.05/m for Holm, Benjamini-Yekutieli 1 - R 0.05/m for BH). ")
+            + "MDE: the smallest true difference this many seeds detect with probability 0.8 (alpha 0.05, paired "
+            "or Welch as the contrast is); a 'n.s.' smaller than its MDE says little.")
 
 
 def _effect_rows(rep):
     rows = []
     for r in rep.effects.itertuples():
         rows.append([r.term, r.kind, _ci(r.estimate, r.lo, r.hi, rep.scale), "yes" if r.significant else "n.s.",
-                     r.n, {True: "paired", False: "unpaired"}.get(r.paired, "–"), r.coverage])
-    return ["term", "kind", f"effect ({rep.unit}) [95% CI]", "CI excludes 0", "seeds", "pairing", "cells used"], rows
+                     *_adj_cols(rep, r, r.estimate), r.n, {True: "paired", False: "unpaired"}.get(r.paired, "–"),
+                     r.coverage])
+    return ["term", "kind", f"effect ({rep.unit}) [95% CI]", "CI excludes 0", *_adj_header(rep), "seeds", "pairing",
+            "cells used"], rows
 
 
 def _diag_rows(rep):
@@ -134,6 +175,7 @@ def html(rep, title: str, meta: dict) -> str:
     p.append(_table(*_ranking_rows(rep)))
     sec("effects")
     if rep.effects is not None and len(rep.effects):
+        p.append(f"<p class='meta'>{H.escape(_ci_note(rep))}</p>")
         p.append(_table(*_effect_rows(rep)))
         if "forest" in rep.figures:
             p.append(f"<img alt='effect forest plot' src='data:image/png;base64,{rep.figures['forest']}'>")
@@ -175,7 +217,7 @@ def markdown(rep, title: str, meta: dict) -> str:
     p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
     p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
-    p += ["## Factorial effects", ""]
+    p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
     if len(rep.passk):
         p += ["## pass@k", "", _table(["arm", "k", "mean [95% CI]", "n"],

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.analysis import diagnostics, effects, plots, render, stats
+from ablate.analysis import diagnostics, effects, multiplicity, plots, render, stats
 from ablate.analysis.design import arm_order
 from ablate.analysis.load import Study, load_study
 
@@ -35,6 +35,8 @@ class Report:
     scale: float
     unit: str
     ci_method: str = "t"                            # interval of means, differences, effects
+    adjust: str = "holm"                            # multiplicity adjustment of each table of contrasts
+    mde_target: float | None = None                 # effect (metric units) for the seeds-needed column
     setup: dict = field(default_factory=dict)
     scores: pd.DataFrame | None = None
     arms: pd.DataFrame | None = None
@@ -124,16 +126,21 @@ def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
     return out
 
 
-def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str) -> list[str]:
+def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str, adjust: str = "none") -> list[str]:
     def fmt(est, lo, hi):
         if not np.isfinite(lo):
             return f"{est * scale:+.1f} {unit} [CI undefined]"
         return f"{est * scale:+.1f} {unit} [{lo * scale:.1f}, {hi * scale:.1f}]"
 
+    def verdict(r):
+        if not r.significant:
+            return " (n.s.)"
+        return "" if adjust == "none" or r.adj_significant else f" (n.s. after {render.ADJUST_NAMES[adjust]})"
+
     lines = []
     if eff is not None and len(eff):
         for r in eff[eff["kind"] == "main"].itertuples():
-            s = f"{r.factor} {r.vs} -> {r.level}: {fmt(r.estimate, r.lo, r.hi)}" + ("" if r.significant else " (n.s.)")
+            s = f"{r.factor} {r.vs} -> {r.level}: {fmt(r.estimate, r.lo, r.hi)}" + verdict(r)
             inter = eff[(eff["kind"] == "interaction") & (((eff["factor"] == r.factor) & (eff["level"] == r.level))
                                                          | ((eff["factor2"] == r.factor) & (eff["level2"] == r.level)))]
             for q in inter.itertuples():
@@ -142,20 +149,28 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str) -> 
             lines.append(s)
     elif arms is not None and len(arms) > 1:
         for r in arms[~arms["reference"]].itertuples():
-            lines.append(f"{r.arm} vs {arms.iloc[0]['arm']}: {fmt(r.diff, r.diff_lo, r.diff_hi)}")
+            sig = np.isfinite(r.diff_lo) and (r.diff_lo > 0 or r.diff_hi < 0)
+            lines.append(f"{r.arm} vs {arms.iloc[0]['arm']}: {fmt(r.diff, r.diff_lo, r.diff_hi)}"
+                         + verdict(r._replace(significant=sig)))
     return lines
 
 
 def build_report(paths, out: str | Path | None = None, metric: str | None = None, x: str = "steps",
                  reps: int = stats.REPS, seed: int = 0, title: str | None = None, study: Study | None = None,
-                 figures: bool = True, ci_method: str = "t") -> Report:
+                 figures: bool = True, ci_method: str = "t", adjust: str = "holm", mde: float | None = None) -> Report:
     """Analyse the runs under `paths` (or a loaded `study`) and, if `out` is given, write `out` (HTML)
     and `out` with suffix .md. Returns the Report (tables as DataFrames). `ci_method` sets the interval
-    of means, differences and effects (ablate.analysis.stats.METHODS)."""
+    of means, differences and effects (ablate.analysis.stats.METHODS); `adjust` the multiplicity
+    adjustment (ablate.analysis.multiplicity.ADJUST) of each table of contrasts; `mde` an effect in
+    the metric's units (0.02 = 2 points of a rate) for which the seeds needed are computed."""
     if x not in plots.X_AXES:
         raise ValueError(f"x must be one of {', '.join(plots.X_AXES)}; got {x!r}")
     if ci_method not in stats.METHODS:
         raise ValueError(f"ci_method must be one of {', '.join(stats.METHODS)}; got {ci_method!r}")
+    if adjust not in multiplicity.ADJUST:
+        raise ValueError(f"adjust must be one of {', '.join(multiplicity.ADJUST)}; got {adjust!r}")
+    if mde is not None and not mde > 0:
+        raise ValueError(f"mde must be a positive effect in the metric's units; got {mde!r}")
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     study = study or load_study(*paths)
     if study.runs.empty:
@@ -164,17 +179,18 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
     if metric not in study.evals.columns and metric not in study.metrics.columns:
         raise ValueError(f"metric {metric!r} was not logged by these runs")
     scale, unit = metric_scale(metric)
-    rep = Report(study, metric, x, scale, unit, ci_method)
+    rep = Report(study, metric, x, scale, unit, ci_method, adjust, mde)
     rep.scores = effects.final_scores(study, metric)
     rep.setup = setup_table(study, rep.scores)
-    rep.arms = effects.compare_arms(rep.scores, reps, seed, method=ci_method)
-    rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed, method=ci_method) \
+    rep.arms = effects.compare_arms(rep.scores, reps, seed, method=ci_method, adjust=adjust, mde_target=mde)
+    rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed, method=ci_method, adjust=adjust,
+                                            mde_target=mde) \
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
     rep.diagnostics = diagnostics.arm_diagnostics(study)
     rep.warnings = effects.seed_warnings(rep.scores, rep.arms, rep.effects if rep.effects is not None else pd.DataFrame())
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
-    rep.headline = headline(rep.effects, rep.arms, scale, unit)
+    rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
     rep.runs = rep.scores.merge(study.runs[["run_id", "error"]], on="run_id", how="left")
     if len(study.stale):  # listed, never used: they belong to an earlier version of the sweep
@@ -208,6 +224,6 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
 
 def report_json(rep: Report) -> str:
     """The report's tables as JSON (for scripts and CI)."""
-    return json.dumps({"metric": rep.metric, "headline": rep.headline, "warnings": rep.warnings,
+    return json.dumps({"metric": rep.metric, "adjust": rep.adjust, "headline": rep.headline, "warnings": rep.warnings,
                        "arms": rep.arms.to_dict("records"),
                        "effects": [] if rep.effects is None else rep.effects.to_dict("records")}, default=str)

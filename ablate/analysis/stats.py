@@ -43,6 +43,7 @@ class Interval:
     hi: float
     n: int = 0                     # seeds (rows) behind the estimate
     paired: bool | None = None     # for differences: paired by seed or not
+    design: object = None          # ablate.analysis.power.TDesign of a contrast's t test (p-value, power)
 
     @property
     def excludes(self) -> bool:

@@ -23,6 +23,10 @@ def report(
     x: str = typer.Option("steps", "--x", help="x axis of the curves: steps | samples | tokens | wall"),
     ci: str = typer.Option("t", "--ci", help="interval of means, differences and effects: t (Student/Welch, right "
                            "at few seeds) | percentile (rliable's bootstrap) | bca"),
+    adjust: str = typer.Option("holm", "--adjust", help="multiple-comparison adjustment of each table of contrasts: "
+                               "holm (family-wise) | bh (Benjamini-Hochberg, false discovery rate) | none"),
+    mde: float | None = typer.Option(None, "--mde", help="an effect in the metric's units (0.02 = 2 points of a rate): "
+                                     "the report adds the seeds per arm needed to detect it (power 0.8)"),
     reps: int = typer.Option(2000, "--reps", help="bootstrap replicates"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed (the report is reproducible)"),
     title: str | None = typer.Option(None, "--title"),
@@ -37,7 +41,8 @@ def report(
         raise typer.Exit(2)
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
     try:
-        rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci)
+        rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci,
+                           adjust=adjust, mde=mde)
     except ValueError as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
