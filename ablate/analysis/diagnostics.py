@@ -56,14 +56,26 @@ def run_diagnostics(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def kl_measured(runs: pd.DataFrame) -> pd.Series:
+    """Per run: whether KL to a reference was measured (recipe.kl_coef > 0; with kl_coef 0 there is no
+    reference model and the logged train/kl is a placeholder 0). A config without the key has the default, 0."""
+    coef = pd.to_numeric(runs["recipe.kl_coef"], errors="coerce").fillna(0.0) if "recipe.kl_coef" in runs else \
+        pd.Series(0.0, index=runs.index)
+    return coef > 0
+
+
 def arm_diagnostics(study) -> pd.DataFrame:
+    """run_diagnostics averaged per arm; `kl_on` False (KL columns NaN) for arms whose runs measure no KL."""
     d = run_diagnostics(study)
     if d.empty:
         return d
-    d = d.merge(study.runs[["run_id", "arm"]], on="run_id")
+    d = d.merge(study.runs[["run_id", "arm"]].assign(kl_on=kl_measured(study.runs).astype(float)), on="run_id")
     order = list(dict.fromkeys(study.runs["arm"]))
     out = d.drop(columns="run_id").groupby("arm", sort=False).mean(numeric_only=True)
-    return out.reindex([a for a in order if a in out.index]).reset_index()
+    out = out.reindex([a for a in order if a in out.index])
+    out["kl_on"] = out["kl_on"] > 0
+    out.loc[~out["kl_on"], [c for c in out.columns if c.startswith("kl_") and c != "kl_on"]] = np.nan
+    return out.reset_index()
 
 
 def warnings_for(study, scores: pd.DataFrame, metric: str, diag: pd.DataFrame, passk=None) -> list[str]:

@@ -240,8 +240,10 @@ def _put2(combo: tuple, i: int, a, j: int, b) -> tuple:
     return tuple(out)
 
 
-def seed_warnings(scores: pd.DataFrame, arms: pd.DataFrame, effects: pd.DataFrame, min_seeds: int = 3) -> list[str]:
-    """Too few seeds per arm; seed-to-seed spread larger than an effect."""
+def seed_warnings(scores: pd.DataFrame, arms: pd.DataFrame, effects: pd.DataFrame, min_seeds: int = 3,
+                  scale: float = 1.0, unit: str = "") -> list[str]:
+    """Too few seeds per arm; seed-to-seed spread larger than an effect (both shown x `scale`, in `unit`)."""
+    u = f" {unit}" if unit else ""
     out = [f"arm '{r.arm}' has {r.n} usable seed(s) (< {min_seeds}): its CIs are unreliable or undefined"
            for r in arms.itertuples() if r.n < min_seeds]
     spread = float(np.nanmean(arms["sd"])) if arms["sd"].notna().any() else np.nan
@@ -249,13 +251,13 @@ def seed_warnings(scores: pd.DataFrame, arms: pd.DataFrame, effects: pd.DataFram
         terms = list(effects[effects["kind"] == "main"].itertuples()) if len(effects) else []
         for t in terms:
             if abs(t.estimate) < spread:
-                out.append(f"seed-to-seed spread (sd {spread:.3g}) exceeds the effect of {t.term} "
-                           f"({t.estimate:+.3g}): more seeds are needed to pin it down")
+                out.append(f"seed-to-seed spread (sd {spread * scale:.3g}{u}) exceeds the effect of {t.term} "
+                           f"({t.estimate * scale:+.3g}{u}): more seeds are needed to pin it down")
         if not terms:
             for r in arms[~arms["reference"]].itertuples():
                 if abs(r.diff) < spread:
-                    out.append(f"seed-to-seed spread (sd {spread:.3g}) exceeds the difference of '{r.arm}' "
-                               f"to the reference ({r.diff:+.3g})")
+                    out.append(f"seed-to-seed spread (sd {spread * scale:.3g}{u}) exceeds the difference of "
+                               f"'{r.arm}' to the reference ({r.diff * scale:+.3g}{u})")
     return out
 
 

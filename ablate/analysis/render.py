@@ -7,8 +7,10 @@ import html as H
 
 import numpy as np
 
+from ablate.analysis.stats import MIN_BOOT_SEEDS
+
 SECTIONS = [("headline", "Headline"), ("setup", "Setup"), ("warnings", "Warnings"), ("ranking", "Ranking"),
-            ("effects", "Factorial effects"), ("curves", "Curves"), ("passk", "pass@k"),
+            ("effects", "Factorial effects"), ("scores", "Scores"), ("curves", "Curves"), ("passk", "pass@k"),
             ("diagnostics", "Diagnostics"), ("samples", "Samples"), ("runs", "Runs")]
 
 CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1180px;margin:24px auto;
@@ -28,6 +30,13 @@ def _ci(est, lo, hi, scale=1.0, digits=1) -> str:
     return s + (f" [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]" if np.isfinite(lo) else " [n/a]")
 
 
+def _count(v) -> str:
+    """Counts as integers ("19,200"), other numbers with one decimal."""
+    if not np.isfinite(v):
+        return "–"
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
 def _table(header, rows, md=False) -> str:
     if md:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -39,20 +48,31 @@ def _table(header, rows, md=False) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _boot(est, lo, hi, n, scale=1.0, digits=1) -> str:
+    """A bootstrap interval: shown only from MIN_BOOT_SEEDS seeds (below, it is far too narrow)."""
+    if n < MIN_BOOT_SEEDS and est is not None and np.isfinite(est):
+        return f"{est * scale:.{digits}f} [n/a: < {MIN_BOOT_SEEDS} seeds]"
+    return _ci(est, lo, hi, scale, digits)
+
+
 def _ranking_rows(rep):
     a, s = rep.arms, rep.scale
     ranked = a.assign(_m=a["mean"].fillna(-np.inf)).sort_values("_m", ascending=False)
+
+    def interval(est, lo, hi, scale, digits, n):   # the chosen --ci; a bootstrap one hidden below MIN_BOOT_SEEDS
+        return _ci(est, lo, hi, scale, digits) if rep.ci_method == "t" else _boot(est, lo, hi, n, scale, digits)
+
     rows = []
     for i, r in enumerate(ranked.itertuples(), 1):
-        diff = "reference" if r.reference else _ci(r.diff, r.diff_lo, r.diff_hi, s) + \
+        diff = "reference" if r.reference else interval(r.diff, r.diff_lo, r.diff_hi, s, 1, r.n) + \
             ("" if r.paired is None else (" (paired)" if r.paired else " (unpaired)"))
-        poi = "" if r.reference else _ci(r.poi, r.poi_lo, r.poi_hi, 1, 2)
+        poi = "" if r.reference else _boot(r.poi, r.poi_lo, r.poi_hi, r.n, 1, 2)
         tests = [""] * len(_adj_header(rep)) if r.reference else _adj_cols(rep, r, r.diff)
-        rows.append([i, r.arm, f"{r.n}/{r.runs}", _ci(r.mean, r.mean_lo, r.mean_hi, s),
-                     _ci(r.iqm, r.iqm_lo, r.iqm_hi, s), diff, *tests, poi,
+        rows.append([i, r.arm, f"{r.n}/{r.runs}", interval(r.mean, r.mean_lo, r.mean_hi, s, 1, r.n),
+                     _boot(r.iqm, r.iqm_lo, r.iqm_hi, r.n, s), diff, *tests, poi,
                      "–" if not np.isfinite(r.sd) else f"{r.sd * s:.2f}", r.excluded])
-    return ["#", "arm", "seeds used/runs", f"mean {rep.unit} [95% CI]", "IQM [95% CI]",
-            "difference to reference [95% CI]", *_adj_header(rep), "P(improvement) [95% CI]", "seed sd",
+    return ["#", "arm", "seeds used/runs", f"mean {rep.unit} [95% CI]", "IQM [95% bootstrap CI]",
+            "difference to reference [95% CI]", *_adj_header(rep), "P(improvement) [95% bootstrap CI]", "seed sd",
             "excluded runs"], rows
 
 
@@ -94,7 +114,8 @@ CI_NAMES = {"t": "Student t (Welch for unpaired arms)", "percentile": "percentil
 
 def _ci_note(rep) -> str:
     return (f"95% CIs over seeds. Means, differences and effects: {CI_NAMES[rep.ci_method]}, paired by seed where "
-            f"arms share seeds; IQM and P(improvement): percentile bootstrap. A CI that excludes 0 at 3-5 seeds is "
+            f"arms share seeds; IQM and P(improvement): percentile bootstrap (marked; not shown below "
+            f"{MIN_BOOT_SEEDS} seeds, where it is far too narrow). A CI that excludes 0 at 3-5 seeds is "
             f"one draw of a 5%-level test, not a verdict. p: two-sided t test of the contrast. "
             + ("No adjustment for multiple comparisons. " if rep.adjust == "none" else
                f"Adjusted ({ADJUST_NAMES[rep.adjust]}, each table one family): p-values, and intervals at the "
@@ -113,6 +134,33 @@ def _effect_rows(rep):
             "cells used"], rows
 
 
+SCORE_NAMES = {"final": "final", "last_k": "mean of last {k} evaluations", "auc": "area under the curve (mean level)",
+               "max": "max over training (biased upward)"}
+
+
+def _score_rows(rep):
+    t = rep.score_table
+    names = list(dict.fromkeys(t["score"]))
+    rows = []
+    for arm, g in t.groupby("arm", sort=False):
+        g = g.set_index("score")
+        cells = []
+        for n in names:
+            r = g.loc[n]
+            c = _ci(r["mean"], r["lo"], r["hi"], rep.scale)
+            if np.isfinite(r["diff"]):
+                c += f"; vs reference {_ci(r['diff'], r['diff_lo'], r['diff_hi'], rep.scale)}"
+            cells.append(c)
+        rows.append([arm, int(g["n"].iloc[0]), *cells])
+    k = rep.last_k
+    return ["arm", "seeds", *[SCORE_NAMES[n].format(k=k) + (" (used)" if n == rep.score else "") for n in names]], rows
+
+
+SCORE_NOTE = ("Per-run scores side by side, mean over seeds with the report's 95% CI, and the difference to the "
+              "reference arm. The statistics above use the one marked (used; --score). The max over training picks "
+              "the best of many noisy evaluations of the same held-out set: it is biased upward, never a result.")
+
+
 def _diag_rows(rep):
     cols = [("arm", "arm", None), ("entropy_start", "entropy start", 3), ("entropy_early", "entropy @20%", 3),
             ("entropy_end", "entropy end", 3), ("kl_max", "KL max", 3), ("kl_end", "KL end", 3),
@@ -121,9 +169,34 @@ def _diag_rows(rep):
             ("len_start", "length start", 1), ("len_end", "length end", 1)]
     d = rep.diagnostics
     cols = [c for c in cols if c[0] in d]
-    rows = [[r[c] if n is None else ("–" if not np.isfinite(r[c]) else f"{r[c]:.{n}f}") for c, _, n in cols]
-            for _, r in d.iterrows()]
+
+    def cell(r, c, n):
+        if n is None:
+            return r[c]
+        if c.startswith("kl_") and r.get("kl_on") is False:
+            return "not measured"            # kl_coef 0: no reference model, the logged 0 means nothing
+        return "–" if not np.isfinite(r[c]) else f"{r[c]:.{n}f}"
+
+    rows = [[cell(r, c, n) for c, _, n in cols] for _, r in d.iterrows()]
     return [t for _, t, _ in cols], rows
+
+
+def _sample_rows(rows, pre=False):
+    def text(v):
+        return f"<pre>{H.escape(str(v))}</pre>" if pre else f"`{str(v).replace('`', chr(39))}`"
+
+    return (["run", "step", "split", "prompt", "completion", "reward", "correct"],
+            [[r["run"], r.get("step"), r.get("split"), text(r.get("prompt")), text(r.get("completion")),
+              r.get("reward"), r.get("correct")] for r in rows])
+
+
+PASSK_NOTE = ("pass@k in points, mean over seeds with the report's 95% CI. The base model row has one observation "
+              "per distinct step-0 evaluation (runs sharing a seed, base model and task / eval settings count once).")
+
+
+def _passk_rows(rep):
+    return (["arm", "k", "mean (points) [95% CI]", "n"],
+            [[r.arm, r.k, _ci(r.mean, r.lo, r.hi, 100, 1), r.n] for r in rep.passk.itertuples()])
 
 
 def _run_rows(rep):
@@ -147,7 +220,7 @@ def _setup_parts(rep, md=False):
                else "Nothing varied except the seed (one arm).")
     out.append(_table(["fixed setting", "value"], [[k, v] for k, v in st["key_fixed"].items()], md))
     if st["budget"]:
-        out.append(_table(["budget", "value"], [[k, f"{v:,.1f}"] for k, v in st["budget"].items()], md))
+        out.append(_table(["budget", "value"], [[k, _count(v)] for k, v in st["budget"].items()], md))
     return out
 
 
@@ -161,6 +234,9 @@ def html(rep, title: str, meta: dict) -> str:
         p.append(f"<h2 id='{key}'>{dict(SECTIONS)[key]}</h2>")
 
     sec("headline")
+    if rep.base_lines:
+        p.append("<p>Change from the base model (final minus step-0 evaluation of the same run):</p><ul class='headline'>"
+                 + "".join(f"<li>{H.escape(h)}</li>" for h in rep.base_lines) + "</ul>")
     p.append("<ul class='headline'>" + "".join(f"<li>{H.escape(h)}</li>" for h in rep.headline) + "</ul>"
              if rep.headline else "<p>No comparison: a single arm.</p>")
     sec("setup")
@@ -181,15 +257,23 @@ def html(rep, title: str, meta: dict) -> str:
             p.append(f"<img alt='effect forest plot' src='data:image/png;base64,{rep.figures['forest']}'>")
     else:
         p.append("<p>No factorial design (fewer than two levels varied).</p>")
+    sec("scores")
+    if rep.score_table is not None and len(rep.score_table):
+        p.append(f"<p class='meta'>{H.escape(SCORE_NOTE)}</p>")
+        p.append(_table(*_score_rows(rep)))
     sec("curves")
     if "curves" in rep.figures:
-        p.append("<p class='meta'>Mean over the seeds of each arm (runs used in the statistics); shaded: 95% "
-                 "bootstrap CI over seeds; per-step metrics averaged in bins.</p>")
+        band = "Student t" if rep.ci_method == "t" else f"bootstrap (none below {MIN_BOOT_SEEDS} seeds)"
+        p.append(f"<p class='meta'>Mean over the seeds of each arm (runs used in the statistics); shaded: 95% {band} "
+                 "CI over seeds; per-step metrics averaged in bins; rates in points.</p>")
         p.append(f"<img alt='training curves' src='data:image/png;base64,{rep.figures['curves']}'>")
     sec("passk")
+    if len(rep.passk):
+        p.append(f"<p class='meta'>{H.escape(PASSK_NOTE)}</p>")
+        p.append(_table(*_passk_rows(rep)))
     if "passk" in rep.figures:
         p.append(f"<img alt='pass@k vs k' src='data:image/png;base64,{rep.figures['passk']}'>")
-    else:
+    elif not len(rep.passk):
         p.append("<p>No pass@k evaluations logged.</p>")
     sec("diagnostics")
     p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
@@ -198,10 +282,7 @@ def html(rep, title: str, meta: dict) -> str:
     sec("samples")
     for arm, rows in rep.samples.items():
         p.append(f"<h3>{H.escape(arm)}</h3>")
-        p.append(_table(["run", "step", "split", "prompt", "completion", "reward", "correct"],
-                        [[r["run"], r.get("step"), r.get("split"), f"<pre>{H.escape(str(r.get('prompt')))}</pre>",
-                          f"<pre>{H.escape(str(r.get('completion')))}</pre>", r.get("reward"), r.get("correct")]
-                         for r in rows]))
+        p.append(_table(*_sample_rows(rows, pre=True)))
     if not rep.samples:
         p.append("<p>No samples.jsonl found.</p>")
     sec("runs")
@@ -213,16 +294,25 @@ def html(rep, title: str, meta: dict) -> str:
 def markdown(rep, title: str, meta: dict) -> str:
     p = [f"# {title}", "", f"Metric: `{rep.metric}` (final value per run, {rep.unit}); runs: "
          f"{', '.join(meta['paths'])}; generated {meta['generated']}. Figures: see the HTML report.", ""]
-    p += ["## Headline", ""] + ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
+    p += ["## Headline", ""]
+    if rep.base_lines:
+        p += ["Change from the base model (final minus step-0 evaluation of the same run):", ""]
+        p += [f"- {h}" for h in rep.base_lines] + [""]
+    p += ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
     p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
     p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
     p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
+    if rep.score_table is not None and len(rep.score_table):
+        p += ["## Scores", "", SCORE_NOTE, "", _table(*_score_rows(rep), md=True)]
     if len(rep.passk):
-        p += ["## pass@k", "", _table(["arm", "k", "mean [95% CI]", "n"],
-                                     [[r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.passk.itertuples()], md=True)]
+        p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
     if len(rep.diagnostics):
         p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
+    if rep.samples:
+        p += ["## Samples", ""]
+        for arm, rows in rep.samples.items():
+            p += [f"### {arm}", "", _table(*_sample_rows(rows), md=True)]
     p += ["## Runs", "", _table(*_run_rows(rep), md=True)]
     return "\n".join(p)

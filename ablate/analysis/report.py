@@ -44,7 +44,12 @@ class Report:
     passk: pd.DataFrame | None = None
     diagnostics: pd.DataFrame | None = None
     warnings: list = field(default_factory=list)
-    headline: list = field(default_factory=list)
+    headline: list = field(default_factory=list)   # the contrasts (effects, or arms vs the reference)
+    base_lines: list = field(default_factory=list)  # change from the base model per arm (shown first)
+    gain: pd.DataFrame | None = None                # the same as a table
+    score: str = "final"                            # the per-run score the statistics use (effects.SCORES)
+    last_k: int = 3                                 # evaluations averaged by the last_k score
+    score_table: pd.DataFrame | None = None         # every score side by side
     figures: dict = field(default_factory=dict)     # name -> base64 PNG
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
@@ -60,7 +65,7 @@ def default_metric(study: Study) -> str:
 
 def metric_scale(metric: str) -> tuple[float, str]:
     """Rates in [0, 1] are reported in points (x100)."""
-    if re.search(r"pass@|acc|frac|rate", metric):
+    if plots.rate_scale(metric) != 1.0:
         return 100.0, f"{metric.split('/')[-1]} points"
     return 1.0, metric.split("/")[-1]
 
@@ -88,24 +93,84 @@ def setup_table(study: Study, scores: pd.DataFrame) -> dict:
             "used_runs": int(scores["included"].sum())}
 
 
+BASE_KEYS = ("seed", "model.path")  # with every task.* and eval.* key: runs sharing these share their step-0 eval
+
+
+def base_evals(study: Study) -> pd.DataFrame:
+    """The step-0 (base model) evaluations, one row per distinct observation: runs that share a seed, a
+    base model and the task and evaluation settings evaluated the same model on the same draws, so their
+    step-0 rows are averaged into one (counting them once per arm would be pseudo-replication)."""
+    ev = study.evals
+    base = ev[ev["step"] == 0]
+    if base.empty:
+        return base
+    keys = [k for k in study.runs.columns if k in BASE_KEYS or k.startswith(("task.", "eval."))]
+    info = study.runs[["run_id", *keys]].astype({k: str for k in keys})
+    base = base.assign(run_id=base["run_id"].astype(str)).merge(info, on="run_id", how="left")
+    cols = [c for c in ev.columns if c not in ("run_id", "step")]
+    return base.groupby(keys, dropna=False, sort=False)[cols].mean().reset_index() if keys else base[cols]
+
+
 def passk_table(study: Study, scores: pd.DataFrame, reps: int, seed: int, method: str = "t") -> pd.DataFrame:
     ev = study.evals
     ks = sorted(int(c.split("@")[1]) for c in ev.columns if re.fullmatch(r"eval/pass@\d+", c))
     if not ks or ev.empty:
         return pd.DataFrame(columns=["arm", "k", "mean", "lo", "hi", "n"])
     rows = []
-    base = ev[ev["step"] == 0]
+    base = base_evals(study)
     inc = scores[scores["included"]]
     last = ev.sort_values("step").groupby("run_id", observed=True).last()
     for k in ks:
         col = f"eval/pass@{k}"
-        groups = [("base (step 0)", base[col].dropna().to_numpy())]
+        groups = [("base (step 0)", base[col].dropna().to_numpy() if col in base else np.array([]))]
         groups += [(a, last.reindex(g["run_id"])[col].dropna().to_numpy()) for a, g in inc.groupby("arm", sort=False)]
         for arm, v in groups:
             if len(v):
                 iv = stats.mean_ci(v, method, reps, seed=seed)
                 rows.append({"arm": arm, "k": k, "mean": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": iv.n})
     return pd.DataFrame(rows)
+
+
+def score_table(study: Study, metric: str, reps: int, seed: int, method: str = "t", k: int = effects.LAST_K):
+    """Per arm and score (effects.SCORES: final, mean of the last k evaluations, area under the curve, max):
+    mean with CI, and the difference to the reference arm (paired by seed when possible)."""
+    rows = []
+    for name in effects.SCORES:
+        sc = effects.final_scores(study, metric, score=name, k=k)
+        cells = effects._cells(sc)
+        order = list(dict.fromkeys(sc["arm"]))
+        for arm in order:
+            v = cells.get(arm, pd.Series(dtype=float)).to_numpy(float)
+            m = stats.mean_ci(v, method, reps, seed=seed)
+            d = effects.contrast(cells, {arm: 1.0, order[0]: -1.0}, reps, seed, method=method) \
+                if arm != order[0] else stats.Interval(np.nan, np.nan, np.nan)
+            rows.append({"arm": arm, "score": name, "n": m.n, "mean": m.estimate, "lo": m.lo, "hi": m.hi,
+                         "diff": d.estimate, "diff_lo": d.lo, "diff_hi": d.hi})
+    return pd.DataFrame(rows)
+
+
+def base_change(study: Study, scores: pd.DataFrame, metric: str, reps: int, seed: int, method: str = "t"):
+    """Per arm: final score minus the same run's step-0 evaluation, over the arm's seeds (paired by run)."""
+    if metric not in study.evals.columns:
+        return pd.DataFrame(columns=["arm", "base", "final", "change", "lo", "hi", "n"])
+    ev = study.evals
+    at0 = ev[ev["step"] == 0].groupby("run_id", observed=True)[metric].first()
+    inc = scores[scores["included"]].assign(base=lambda d: d["run_id"].map(at0).astype(float)).dropna(subset=["base"])
+    rows = []
+    for arm, g in inc.groupby("arm", sort=False):
+        iv = stats.mean_ci((g["value"] - g["base"]).to_numpy(float), method, reps, seed=seed)
+        rows.append({"arm": arm, "base": g["base"].mean(), "final": g["value"].mean(), "change": iv.estimate,
+                     "lo": iv.lo, "hi": iv.hi, "n": iv.n})
+    return pd.DataFrame(rows, columns=["arm", "base", "final", "change", "lo", "hi", "n"])
+
+
+def base_lines(gain: pd.DataFrame, scale: float, unit: str) -> list[str]:
+    out = []
+    for r in gain.itertuples():
+        ci = f"[{r.lo * scale:.1f}, {r.hi * scale:.1f}]" if np.isfinite(r.lo) else "[CI undefined]"
+        out.append(f"{r.arm}: {r.change * scale:+.1f} {unit} {ci} over the base model "
+                   f"({r.base * scale:.1f} -> {r.final * scale:.1f}, {r.n} seeds)")
+    return out
 
 
 def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
@@ -157,18 +222,24 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str, adj
 
 def build_report(paths, out: str | Path | None = None, metric: str | None = None, x: str = "steps",
                  reps: int = stats.REPS, seed: int = 0, title: str | None = None, study: Study | None = None,
-                 figures: bool = True, ci_method: str = "t", adjust: str = "holm", mde: float | None = None) -> Report:
+                 figures: bool = True, ci_method: str = "t", adjust: str = "holm", mde: float | None = None,
+                 score: str = "final", last_k: int = effects.LAST_K) -> Report:
     """Analyse the runs under `paths` (or a loaded `study`) and, if `out` is given, write `out` (HTML)
     and `out` with suffix .md. Returns the Report (tables as DataFrames). `ci_method` sets the interval
     of means, differences and effects (ablate.analysis.stats.METHODS); `adjust` the multiplicity
     adjustment (ablate.analysis.multiplicity.ADJUST) of each table of contrasts; `mde` an effect in
-    the metric's units (0.02 = 2 points of a rate) for which the seeds needed are computed."""
+    the metric's units (0.02 = 2 points of a rate) for which the seeds needed are computed; `score`
+    the per-run score (ablate.analysis.effects.SCORES; `last_k` evaluations for last_k)."""
     if x not in plots.X_AXES:
         raise ValueError(f"x must be one of {', '.join(plots.X_AXES)}; got {x!r}")
     if ci_method not in stats.METHODS:
         raise ValueError(f"ci_method must be one of {', '.join(stats.METHODS)}; got {ci_method!r}")
     if adjust not in multiplicity.ADJUST:
         raise ValueError(f"adjust must be one of {', '.join(multiplicity.ADJUST)}; got {adjust!r}")
+    if score not in effects.SCORES:
+        raise ValueError(f"score must be one of {', '.join(effects.SCORES)}; got {score!r}")
+    if last_k < 1:
+        raise ValueError(f"last_k must be >= 1; got {last_k}")
     if mde is not None and not mde > 0:
         raise ValueError(f"mde must be a positive effect in the metric's units; got {mde!r}")
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -180,7 +251,8 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         raise ValueError(f"metric {metric!r} was not logged by these runs")
     scale, unit = metric_scale(metric)
     rep = Report(study, metric, x, scale, unit, ci_method, adjust, mde)
-    rep.scores = effects.final_scores(study, metric)
+    rep.score, rep.last_k = score, last_k
+    rep.scores = effects.final_scores(study, metric, score=score, k=last_k)
     rep.setup = setup_table(study, rep.scores)
     rep.arms = effects.compare_arms(rep.scores, reps, seed, method=ci_method, adjust=adjust, mde_target=mde)
     rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed, method=ci_method, adjust=adjust,
@@ -188,7 +260,17 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
     rep.diagnostics = diagnostics.arm_diagnostics(study)
-    rep.warnings = effects.seed_warnings(rep.scores, rep.arms, rep.effects if rep.effects is not None else pd.DataFrame())
+    rep.score_table = score_table(study, metric, reps, seed, ci_method, last_k)
+    rep.gain = base_change(study, rep.scores, metric, reps, seed, ci_method)
+    rep.base_lines = base_lines(rep.gain, scale, unit)
+    rep.warnings = effects.seed_warnings(rep.scores, rep.arms, rep.effects if rep.effects is not None else pd.DataFrame(),
+                                         scale=scale, unit=unit)
+    if score == "max":
+        rep.warnings.append("the score is the max over training: the best of many noisy evaluations is biased upward "
+                            "(selection on the held-out set); prefer final, last_k or auc")
+    if ci_method != "t" and (rep.arms["n"] < stats.MIN_BOOT_SEEDS).any():
+        rep.warnings.append(f"--ci {ci_method} is a bootstrap: with fewer than {stats.MIN_BOOT_SEEDS} seeds per arm it "
+                            "resamples the few seeds as if they were all and comes out too narrow; use --ci t")
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
     rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
@@ -205,9 +287,10 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         inc = rep.scores[rep.scores["included"]]
         use = inc if len(inc) else rep.scores
         run_arm = use.set_index("run_id")["arm"]
-        rep.figures["curves"] = plots.to_base64(plots.curves_figure(study, metric, x, run_arm, arms))
+        rep.figures["curves"] = plots.to_base64(plots.curves_figure(study, metric, x, run_arm, arms, ci_method=ci_method))
         if len(rep.passk):
-            rep.figures["passk"] = plots.to_base64(plots.passk_figure(rep.passk, arms))
+            pk = rep.passk.assign(mean=rep.passk["mean"] * 100, lo=rep.passk["lo"] * 100, hi=rep.passk["hi"] * 100)
+            rep.figures["passk"] = plots.to_base64(plots.passk_figure(pk, arms, "pass@k (held-out, points)"))
         if rep.effects is not None and len(rep.effects):
             e = rep.effects.assign(estimate=rep.effects.estimate * scale, lo=rep.effects.lo * scale,
                                    hi=rep.effects.hi * scale)
@@ -224,6 +307,7 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
 
 def report_json(rep: Report) -> str:
     """The report's tables as JSON (for scripts and CI)."""
-    return json.dumps({"metric": rep.metric, "adjust": rep.adjust, "headline": rep.headline, "warnings": rep.warnings,
+    return json.dumps({"metric": rep.metric, "score": rep.score, "adjust": rep.adjust, "base_change": rep.base_lines,
+                       "headline": rep.headline, "warnings": rep.warnings,
                        "arms": rep.arms.to_dict("records"),
                        "effects": [] if rep.effects is None else rep.effects.to_dict("records")}, default=str)

@@ -34,6 +34,7 @@ import scipy.stats
 REPS = 2000
 CI = 0.95
 METHODS = ("t", "percentile", "bca")
+MIN_BOOT_SEEDS = 5   # the report shows no bootstrap interval below this many seeds (it comes out too narrow)
 
 
 @dataclass(frozen=True)
@@ -208,3 +209,17 @@ def mean_band(y: np.ndarray, reps: int = 500, ci: float = CI, seed: int = 0):
         a = (1 - ci) / 2 * 100
         lo, hi = np.nanpercentile(boot, [a, 100 - a], axis=0)
     return m, lo, hi
+
+
+def t_band(y: np.ndarray, ci: float = CI):
+    """Curves: (mean, lo, hi) per point of y (runs, points), Student t over the runs with a value there
+    (NaN where fewer than 2)."""
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(y)
+    n = ok.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = np.where(ok, y, 0).sum(0) / n
+        var = np.where(ok, (y - m) ** 2, 0).sum(0) / (n - 1)
+        half = scipy.stats.t.ppf(0.5 + ci / 2, np.maximum(n - 1, 1)) * np.sqrt(var / n)
+    half = np.where(n >= 2, half, np.nan)
+    return m, m - half, m + half

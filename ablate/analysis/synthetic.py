@@ -101,7 +101,7 @@ def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, i
             sum(e for (a, b), e in interactions.items() if on[a] and on[b])
         for s in seeds:
             flat = {"task.name": "synthetic", "model.path": "none", "steps": steps, "seed": s,
-                    "recipe.group_size": 8, "optim.lr": 1e-6, **dict(zip(keys, combo))}
+                    "recipe.group_size": 8, "recipe.kl_coef": 0.04, "optim.lr": 1e-6, **dict(zip(keys, combo))}
             rid = f"r{ci:03d}s{s}"
             cfg = {"run_id": rid, **_nest(flat)}
             failed = (ci, s) in fail

@@ -27,6 +27,9 @@ def report(
                                "holm (family-wise) | bh (Benjamini-Hochberg, false discovery rate) | none"),
     mde: float | None = typer.Option(None, "--mde", help="an effect in the metric's units (0.02 = 2 points of a rate): "
                                      "the report adds the seeds per arm needed to detect it (power 0.8)"),
+    score: str = typer.Option("final", "--score", help="per-run score: final | last_k (mean of the last --last-k "
+                              "evaluations) | auc (area under the curve) | max (biased upward; warned)"),
+    last_k: int = typer.Option(3, "--last-k", help="evaluations averaged by --score last_k"),
     reps: int = typer.Option(2000, "--reps", help="bootstrap replicates"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed (the report is reproducible)"),
     title: str | None = typer.Option(None, "--title"),
@@ -42,12 +45,12 @@ def report(
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
     try:
         rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci,
-                           adjust=adjust, mde=mde)
+                           adjust=adjust, mde=mde, score=score, last_k=last_k)
     except ValueError as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
-    for line in rep.headline:
+    for line in rep.base_lines + rep.headline:
         typer.echo(f"  {line}")
     for w in rep.warnings:
         typer.secho(f"warning: {w}", fg="yellow", err=True)

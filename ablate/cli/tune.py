@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -125,6 +126,26 @@ def importances(study, min_trials: int = 4) -> tuple[dict[str, float], str | Non
         return {}, f"not computable: {err}"
 
 
+EDGE = 0.05   # a best value within 5% of the range (log range for log params) of a bound "sits at the bound"
+
+
+def bound_warnings(params, best: dict, edge: float = EDGE) -> list[str]:
+    """The best trial's float / int values that sit at (or within `edge` of the range of) a search bound:
+    the optimum may lie outside the range searched, so widen it before trusting the winner."""
+    out = []
+    for p in params:
+        v = best.get(p.key)
+        if p.kind == "categorical" or v is None:
+            continue
+        f = math.log if p.log else float
+        pos = (f(v) - f(p.low)) / (f(p.high) - f(p.low))
+        for side, at in (("lower", pos <= edge), ("upper", pos >= 1 - edge)):
+            if at:
+                out.append(f"best {p.key} = {v:g} sits at the {side} bound of the search range [{p.low:g}, {p.high:g}]"
+                           f"{' (log scale)' if p.log else ''}: the optimum may lie outside it; widen the range")
+    return out
+
+
 def summary(spec) -> dict:
     """Best trial (+ snippet), trials by state, importances, and one row per trial."""
     import optuna
@@ -140,6 +161,7 @@ def summary(spec) -> dict:
             "best": best and {"number": best.number, "value": best.value, "params": best.params,
                               "run_ids": best.user_attrs.get("run_ids", [])},
             "snippet": best and best_snippet(spec, best),
+            "warnings": bound_warnings(spec.params, best.params) if best else [],
             "trials": [{"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params,
                         "run_ids": t.user_attrs.get("run_ids", []), "error": t.user_attrs.get("error"),
                         "retry_of": Retry.retried_trial_number(t)} for t in trials]}
@@ -223,5 +245,7 @@ def _print_status(s) -> None:
         best = info["best"]
         console.print(f"best trial {best['number']}: {s.metric} = {best['value']:.4g}; as a sweep spec:")
         typer.echo(info["snippet"])
+    for w in info["warnings"]:
+        typer.secho(f"warning: {w}", fg="yellow", err=True)
     if s.storage.startswith("sqlite:///"):
         console.print(f"dashboard: optuna-dashboard {s.storage}", markup=False)
