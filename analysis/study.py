@@ -70,7 +70,7 @@ def main() -> None:
     print(arms[["arm", "n", "mean", "mean_lo", "mean_hi", "diff", "diff_lo", "diff_hi"]].round(2).to_string(index=False))
     if study.factors:
         eff = in_points(effects.factorial_effects(scores, study.factors), k)
-        print(f"\nfactorial effects{unit}:")
+        print(f"\nfactorial effects:{' in points' if k != 1 else ''}")
         print(eff[["term", "estimate", "lo", "hi", "significant", "paired"]].round(2).to_string(index=False))
 
     matched, budget = at_token_budget(study, scores, args.metric)
