@@ -259,7 +259,7 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
                                             mde_target=mde) \
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
-    rep.diagnostics = diagnostics.arm_diagnostics(study)
+    rep.diagnostics = diagnostics.arm_diagnostics(study, metric)
     rep.score_table = score_table(study, metric, reps, seed, ci_method, last_k)
     rep.gain = base_change(study, rep.scores, metric, reps, seed, ci_method)
     rep.base_lines = base_lines(rep.gain, scale, unit)
