@@ -173,3 +173,27 @@ def forest_figure(effects: pd.DataFrame, unit: str = ""):
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def scaling_figure(fits: dict, arms: list[str], xlabel: str, scale: float = 1.0, unit: str = ""):
+    """Per arm: mean over seeds at each evaluation (dots), the fitted sigmoid (line) and the fit on the
+    first part only, extrapolated (dashed), after ablate.analysis.scaling."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = _colors(arms)
+    for arm, (res, ex, curves) in fits.items():
+        c = colors.get(arm)
+        pts = pd.DataFrame({"x": np.concatenate([a for a, _ in curves]), "y": np.concatenate([b for _, b in curves])})
+        mean = pts.groupby("x")["y"].mean()
+        ax.plot(mean.index, mean.to_numpy() * scale, "o", ms=3, color=c, alpha=0.6)
+        grid = np.linspace(max(pts["x"].min(), 1e-9), pts["x"].max(), 200)
+        if res.fit.ok:
+            ax.plot(grid, res.fit(grid) * scale, color=c, lw=1.5, label=f"{arm}: A {res.fit.A * scale:.1f}")
+        if ex["fit"].ok:
+            ax.plot(grid, ex["fit"](grid) * scale, color=c, lw=1, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(unit)
+    ax.set_title("R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B); dashed: fit on the first half, extrapolated", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

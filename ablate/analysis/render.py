@@ -10,7 +10,8 @@ import numpy as np
 from ablate.analysis.stats import MIN_BOOT_SEEDS
 
 SECTIONS = [("headline", "Headline"), ("setup", "Setup"), ("warnings", "Warnings"), ("ranking", "Ranking"),
-            ("effects", "Factorial effects"), ("scores", "Scores"), ("curves", "Curves"), ("passk", "pass@k"),
+            ("effects", "Factorial effects"), ("scores", "Scores"), ("scaling", "Compute scaling"),
+            ("curves", "Curves"), ("passk", "pass@k"),
             ("diagnostics", "Diagnostics"), ("samples", "Samples"), ("runs", "Runs")]
 
 CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1180px;margin:24px auto;
@@ -161,6 +162,28 @@ SCORE_NOTE = ("Per-run scores side by side, mean over seeds with the report's 95
               "the best of many noisy evaluations of the same held-out set: it is biased upward, never a result.")
 
 
+SCALING_NOTE = ("Per arm, R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (Khatri et al. 2025, ScaleRL, arXiv 2510.13786) "
+                "fitted by least squares to every evaluation of the arm's seeds, R0 fixed to the measured step-0 "
+                "value; A the ceiling, B the steepness, C_mid the compute at half the gain; 95% CIs from refits on "
+                "seeds resampled with replacement (t-scaled). Extrapolation check: the fit on the first half of the "
+                "compute range predicts the last evaluation. A ceiling beyond the measured range is an extrapolation.")
+
+
+def _scaling_rows(rep):
+    s, rows = rep.scale, []
+
+    def num(v, d=0):
+        return "–" if not np.isfinite(v) else f"{v:,.{d}f}"
+
+    for r in rep.scaling.itertuples():
+        rows.append([r.arm, r.n, f"{r.r0 * s:.1f}", _ci(r.A, r.A_lo, r.A_hi, s), _ci(r.B, r.B_lo, r.B_hi, 1, 2),
+                     _ci(r.c_mid, r.c_mid_lo, r.c_mid_hi, 1, 0), num(r.c90), num(r.extrap_cut),
+                     f"{num(r.extrap_predicted * s, 1)} vs {num(r.extrap_measured * s, 1)}", num(r.extrap_rmse * s, 2)])
+    return (["arm", "seeds", f"R0 ({rep.unit})", "A (ceiling) [95% CI]", "B (steepness) [95% CI]",
+             "C_mid [95% CI]", "C for 90% of the gain", "fit on C <=", "last: predicted vs measured",
+             "held-out RMSE"], rows)
+
+
 def _diag_rows(rep):
     cols = [("arm", "arm", None), ("entropy_start", "entropy start", 3), ("entropy_early", "entropy @20%", 3),
             ("entropy_end", "entropy end", 3), ("kl_max", "KL max", 3), ("kl_end", "KL end", 3),
@@ -261,6 +284,14 @@ def html(rep, title: str, meta: dict) -> str:
     if rep.score_table is not None and len(rep.score_table):
         p.append(f"<p class='meta'>{H.escape(SCORE_NOTE)}</p>")
         p.append(_table(*_score_rows(rep)))
+    sec("scaling")
+    if rep.scaling is not None and len(rep.scaling):
+        p.append(f"<p class='meta'>{H.escape(SCALING_NOTE)} x: {H.escape(rep.fit_x)}.</p>")
+        p.append(_table(*_scaling_rows(rep)))
+        if "scaling" in rep.figures:
+            p.append(f"<img alt='compute scaling fit' src='data:image/png;base64,{rep.figures['scaling']}'>")
+    else:
+        p.append("<p>Not fitted (ablate report --fit tokens | samples | wall | steps).</p>")
     sec("curves")
     if "curves" in rep.figures:
         band = "Student t" if rep.ci_method == "t" else f"bootstrap (none below {MIN_BOOT_SEEDS} seeds)"
@@ -306,6 +337,8 @@ def markdown(rep, title: str, meta: dict) -> str:
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
     if rep.score_table is not None and len(rep.score_table):
         p += ["## Scores", "", SCORE_NOTE, "", _table(*_score_rows(rep), md=True)]
+    if rep.scaling is not None and len(rep.scaling):
+        p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _table(*_scaling_rows(rep), md=True)]
     if len(rep.passk):
         p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
     if len(rep.diagnostics):

@@ -50,6 +50,8 @@ class Report:
     score: str = "final"                            # the per-run score the statistics use (effects.SCORES)
     last_k: int = 3                                 # evaluations averaged by the last_k score
     score_table: pd.DataFrame | None = None         # every score side by side
+    fit_x: str | None = None                        # compute axis of the scaling fit (None: not fitted)
+    scaling: pd.DataFrame | None = None             # per arm A, B, C_mid with CIs, extrapolation check
     figures: dict = field(default_factory=dict)     # name -> base64 PNG
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
@@ -223,19 +225,22 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str, adj
 def build_report(paths, out: str | Path | None = None, metric: str | None = None, x: str = "steps",
                  reps: int = stats.REPS, seed: int = 0, title: str | None = None, study: Study | None = None,
                  figures: bool = True, ci_method: str = "t", adjust: str = "holm", mde: float | None = None,
-                 score: str = "final", last_k: int = effects.LAST_K) -> Report:
+                 score: str = "final", last_k: int = effects.LAST_K, fit: str | None = None) -> Report:
     """Analyse the runs under `paths` (or a loaded `study`) and, if `out` is given, write `out` (HTML)
     and `out` with suffix .md. Returns the Report (tables as DataFrames). `ci_method` sets the interval
     of means, differences and effects (ablate.analysis.stats.METHODS); `adjust` the multiplicity
     adjustment (ablate.analysis.multiplicity.ADJUST) of each table of contrasts; `mde` an effect in
     the metric's units (0.02 = 2 points of a rate) for which the seeds needed are computed; `score`
-    the per-run score (ablate.analysis.effects.SCORES; `last_k` evaluations for last_k)."""
+    the per-run score (ablate.analysis.effects.SCORES; `last_k` evaluations for last_k); `fit` a
+    compute axis (plots.X_AXES) for the compute-scaling fit of ablate.analysis.scaling (None: none)."""
     if x not in plots.X_AXES:
         raise ValueError(f"x must be one of {', '.join(plots.X_AXES)}; got {x!r}")
     if ci_method not in stats.METHODS:
         raise ValueError(f"ci_method must be one of {', '.join(stats.METHODS)}; got {ci_method!r}")
     if adjust not in multiplicity.ADJUST:
         raise ValueError(f"adjust must be one of {', '.join(multiplicity.ADJUST)}; got {adjust!r}")
+    if fit is not None and fit not in plots.X_AXES:
+        raise ValueError(f"fit must be one of {', '.join(plots.X_AXES)}; got {fit!r}")
     if score not in effects.SCORES:
         raise ValueError(f"score must be one of {', '.join(effects.SCORES)}; got {score!r}")
     if last_k < 1:
@@ -274,6 +279,16 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
     rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
+    inc = rep.scores[rep.scores["included"]]
+    if fit is not None and metric in study.evals.columns and len(inc):
+        from ablate.analysis import scaling
+
+        rep.fit_x = fit
+        bounds = (0.0, 1.0) if scale == 100 else (-np.inf, np.inf)
+        rep.scaling, fits = scaling.scaling_table(study, metric, fit, inc.set_index("run_id")["arm"], bounds, seed=seed)
+        if figures and fits:
+            rep.figures["scaling"] = plots.to_base64(plots.scaling_figure(fits, arm_order(study.runs), plots.X_AXES[fit][1],
+                                                                          scale, rep.unit))
     rep.runs = rep.scores.merge(study.runs[["run_id", "error"]], on="run_id", how="left")
     if len(study.stale):  # listed, never used: they belong to an earlier version of the sweep
         ids = list(study.stale["run_id"])

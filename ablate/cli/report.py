@@ -30,6 +30,8 @@ def report(
     score: str = typer.Option("final", "--score", help="per-run score: final | last_k (mean of the last --last-k "
                               "evaluations) | auc (area under the curve) | max (biased upward; warned)"),
     last_k: int = typer.Option(3, "--last-k", help="evaluations averaged by --score last_k"),
+    fit: str | None = typer.Option(None, "--fit", help="fit the compute-scaling sigmoid (ScaleRL) per arm against "
+                                   "this axis: tokens | samples | wall | steps"),
     reps: int = typer.Option(2000, "--reps", help="bootstrap replicates"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed (the report is reproducible)"),
     title: str | None = typer.Option(None, "--title"),
@@ -45,7 +47,7 @@ def report(
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
     try:
         rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci,
-                           adjust=adjust, mde=mde, score=score, last_k=last_k)
+                           adjust=adjust, mde=mde, score=score, last_k=last_k, fit=fit)
     except ValueError as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
