@@ -167,6 +167,19 @@ def summary(spec) -> dict:
                         "retry_of": Retry.retried_trial_number(t)} for t in trials]}
 
 
+def confirm_spec(spec, trials: list[dict], top: int, seeds: int) -> dict:
+    """A sweep spec that reruns the `top` best completed trials (summary()'s trial rows) and the baseline
+    (the search's base config, no searched values) on `seeds` fresh seeds, none of them a seed the
+    trials were selected on (Patterson et al. 2024, "Empirical design in reinforcement learning",
+    arXiv 2304.01315: the winner of a search is biased upward on the seeds it won on)."""
+    done = [t for t in trials if t["state"] == "complete" and t["value"] is not None]
+    best = sorted(done, key=lambda t: t["value"], reverse=spec.direction == "maximize")[:top]
+    start = max(spec.seeds) + 1
+    return {"name": f"{spec.name}_confirm", "base": spec.raw.get("base") or {},
+            "arms": {"baseline": {}, **{f"trial{t['number']}": dict(t["params"]) for t in best}},
+            "seeds": list(range(start, start + seeds)), "out": str(spec.out.parent / f"{spec.name}_confirm")}
+
+
 # --- commands ----------------------------------------------------------------------------------------
 
 def _load(spec: Path, out: Path | None, storage: str | None):
@@ -249,3 +262,47 @@ def _print_status(s) -> None:
         typer.secho(f"warning: {w}", fg="yellow", err=True)
     if s.storage.startswith("sqlite:///"):
         console.print(f"dashboard: optuna-dashboard {s.storage}", markup=False)
+
+
+@tune_app.command()
+def confirm(spec: Path = typer.Argument(..., help="search spec YAML"),
+            top: int = typer.Option(3, "--top", help="how many of the best trials to rerun"),
+            seeds: int = typer.Option(5, "--seeds", help="fresh seeds per arm"),
+            storage: str | None = typer.Option(None, "--storage", help="default: the spec's"),
+            out: Path | None = typer.Option(None, "--out", help="runs root of the search (default: the spec's)"),
+            run_now: bool = typer.Option(False, "--run", help="also run the sweep (local) and write its report")):
+    """Rerun the best trials and the baseline on fresh seeds as a sweep: writes SPEC_confirm.yaml next to
+    the search spec; `ablate sweep run` it, then `ablate report` compares each trial to the baseline."""
+    import yaml
+
+    if top < 1 or seeds < 2:
+        typer.secho("error: --top must be >= 1 and --seeds >= 2 (an interval needs two seeds)", fg="red", err=True)
+        raise typer.Exit(2)
+    s = _load(spec, out, storage)
+    try:
+        trials = summary(s)["trials"]
+    except KeyError as err:
+        typer.secho(f"error: no study {s.name!r} in {s.storage} ({err})", fg="red", err=True)
+        raise typer.Exit(2) from None
+    body = confirm_spec(s, trials, top, seeds)
+    if len(body["arms"]) == 1:
+        typer.secho(f"error: study {s.name!r} has no completed trial to confirm", fg="red", err=True)
+        raise typer.Exit(2)
+    path = spec.parent / f"{s.name}_confirm.yaml"
+    path.write_text(f"# {len(body['arms']) - 1} best trials of {s.name} and the baseline on fresh seeds "
+                    f"(ablate tune confirm)\n" + yaml.safe_dump(body, sort_keys=False))
+    typer.echo(f"wrote {path}\n  ablate sweep run {path}\n  ablate report {body['out']} --metric {s.metric}")
+    if run_now:
+        from ablate.analysis.report import build_report
+        from ablate.cli.sweep import run as sweep_run
+
+        try:
+            sweep_run(path, executor="local", profile=None, max_parallel=None, out=None, quiet=True)
+        except typer.Exit as e:
+            if e.exit_code:
+                raise
+        report = Path("reports") / f"{s.name}_confirm.html"
+        rep = build_report([body["out"]], report, metric=s.metric)
+        typer.echo(f"wrote {report}")
+        for line in rep.base_lines + rep.headline:
+            typer.echo(f"  {line}")
