@@ -191,7 +191,8 @@ def test_study_script_runs_on_a_sweep(sweep, tmp_path):
     assert "eps_high=0.28 x scale=none" in res.stdout and "equal budget of" in res.stdout
     effects = res.stdout.split("factorial effects:")[1]
     row = next(line.split() for line in effects.splitlines() if line.strip().startswith("eps_high=0.28 "))
-    assert float(row[1]) == pytest.approx(0.03 + 0.02 / 2, abs=0.006)  # planted main effect (+ half the interaction)
+    assert float(row[1]) == pytest.approx(100 * (0.03 + 0.02 / 2), abs=0.6)  # planted main effect (+ half the
+    assert "factorial effects: in points" in res.stdout                        # interaction), in points
     assert (tmp_path / "study.png").stat().st_size > 10_000
 
 

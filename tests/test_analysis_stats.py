@@ -101,3 +101,15 @@ def test_t_interval_covers_at_five_seeds_where_the_percentile_bootstrap_does_not
                          for i, s in enumerate(studies)]) for m in ("t", "percentile")}
     assert 0.93 <= cover["t"] <= 0.97, cover
     assert cover["percentile"] < 0.90, cover             # ~0.85: resamples the 5 seeds as if they were all
+
+
+def test_optimality_gap_and_performance_profile_hand_computed():
+    x = np.array([[0.2, 1.0], [0.6, 1.2], [0.4, 0.8]])      # 3 runs x 2 tasks
+    # min(x, 1) = [[.2, 1], [.6, 1], [.4, .8]]: mean 4/6 -> gap 1/3
+    assert stats.optimality_gap(x) == pytest.approx(1 / 3)
+    assert stats.optimality_gap(x, gamma=0.5) == pytest.approx(0.5 - (0.2 + 0.5 + 0.5 + 0.5 + 0.4 + 0.5) / 6)
+    assert stats.bootstrap_ci(x, "optimality_gap", reps=200).estimate == pytest.approx(1 / 3)
+    # tau 0.5: task 1 runs above: 1 of 3, task 2: 3 of 3 -> (1/3 + 1) / 2; tau 0.9: 0/3 and 2/3 -> 1/3
+    prof, lo, hi = stats.performance_profile(x, [0.5, 0.9, 2.0], reps=500)
+    assert prof == pytest.approx([2 / 3, 1 / 3, 0.0])
+    assert (lo <= prof + 1e-12).all() and (hi >= prof - 1e-12).all() and hi[2] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import warnings
 
 import matplotlib
@@ -14,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ablate.analysis.stats import mean_band  # noqa: E402
+from ablate.analysis.stats import MIN_BOOT_SEEDS, mean_band, t_band  # noqa: E402
 
 X_AXES = {"steps": ("step", "optimizer step"), "samples": ("counters/samples", "completions generated"),
           "tokens": ("counters/tokens", "completion tokens generated"), "wall": ("perf/wall_seconds", "wall seconds")}
@@ -25,6 +26,12 @@ PANELS = [("train/reward_mean", "train reward"), (None, "held-out"), ("train/ent
           ("train/clip_frac_high", "clip fraction high"), ("eval/train_minus_heldout_reward", "train - held-out reward"),
           ("train/grad_norm", "grad norm")]
 BINS = 120
+RATE = re.compile(r"pass@|acc|frac|rate")
+
+
+def rate_scale(metric: str) -> float:
+    """Rates in [0, 1] (pass@k, accuracies, fractions) are drawn and reported in points (x100)."""
+    return 100.0 if RATE.search(metric) else 1.0
 
 
 def to_base64(fig, fmt: str = "png", dpi: int = 80) -> str:
@@ -48,9 +55,10 @@ def _xmap(study, x: str) -> pd.DataFrame:
     return m[["run_id", "step", col]].rename(columns={col: "_x"})
 
 
-def arm_curves(study, metric: str, x: str, run_arm: pd.Series, arms: list[str]):
+def arm_curves(study, metric: str, x: str, run_arm: pd.Series, arms: list[str], ci_method: str = "percentile"):
     """{arm: (x grid, mean, lo, hi)} for one metric; runs are binned (train metrics) or placed at their
-    evaluation steps (eval metrics) on a grid shared by all arms."""
+    evaluation steps (eval metrics) on a grid shared by all arms. Bands: Student t per point for
+    ci_method "t", else the percentile bootstrap over runs (none with fewer than MIN_BOOT_SEEDS runs)."""
     is_eval = metric in study.evals.columns
     wide = study.evals if is_eval else study.metrics
     if metric not in wide.columns:
@@ -89,24 +97,30 @@ def arm_curves(study, metric: str, x: str, run_arm: pd.Series, arms: list[str]):
         if len(sub):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                out[arm] = (grid, *mean_band(sub))
+                g, mu, lo, hi = grid, *(t_band(sub) if ci_method == "t" else mean_band(sub))
+                if ci_method != "t" and len(sub) < MIN_BOOT_SEEDS:
+                    lo, hi = np.full_like(mu, np.nan), np.full_like(mu, np.nan)
+                out[arm] = (g, mu, lo, hi)
     return out
 
 
-def curves_figure(study, metric: str, x: str, run_arm: pd.Series, arms: list[str], ncols: int = 3):
+def curves_figure(study, metric: str, x: str, run_arm: pd.Series, arms: list[str], ncols: int = 3,
+                  ci_method: str = "percentile"):
     panels = [(metric if m is None else m, f"held-out {metric}" if m is None else t) for m, t in PANELS]
     panels = [(m, t) for m, t in panels if m in study.metrics.columns or m in study.evals.columns]
     nrows = max(1, -(-len(panels) // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.9 * nrows), squeeze=False)
     colors = _colors(arms)
     for ax, (m, title) in zip(axes.flat, panels):
-        for arm, (g, mu, lo, hi) in arm_curves(study, m, x, run_arm, arms).items():
+        k = rate_scale(m)
+        for arm, (g, mu, lo, hi) in arm_curves(study, m, x, run_arm, arms, ci_method).items():
+            mu, lo, hi = mu * k, lo * k, hi * k
             ok = np.isfinite(mu)
             ax.plot(g[ok], mu[ok], color=colors[arm], lw=1.4, label=arm,
                     marker="o" if m.startswith("eval/") and ok.sum() < 30 else None, ms=3)
             band = ok & np.isfinite(lo) & np.isfinite(hi)
             ax.fill_between(g[band], lo[band], hi[band], color=colors[arm], alpha=0.2, lw=0)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title + (" (points)" if k != 1 else ""), fontsize=10)
         ax.set_xlabel(X_AXES[x][1], fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
@@ -122,7 +136,7 @@ def curves_figure(study, metric: str, x: str, run_arm: pd.Series, arms: list[str
     return fig
 
 
-def passk_figure(table: pd.DataFrame, arms: list[str]):
+def passk_figure(table: pd.DataFrame, arms: list[str], ylabel: str = "pass@k (held-out)"):
     """table: arm, k, mean, lo, hi (the base model as arm 'base (step 0)')."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     colors = _colors(arms)
@@ -134,7 +148,7 @@ def passk_figure(table: pd.DataFrame, arms: list[str]):
                     color=c, marker="o", ms=4, capsize=3, lw=1.4, ls="--" if base else "-", label=arm)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
-    ax.set_ylabel("pass@k (held-out)")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -157,5 +171,29 @@ def forest_figure(effects: pd.DataFrame, unit: str = ""):
     ax.set_yticklabels(e["term"], fontsize=9)
     ax.set_xlabel(f"effect {unit}(95% CI)")
     ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def scaling_figure(fits: dict, arms: list[str], xlabel: str, scale: float = 1.0, unit: str = ""):
+    """Per arm: mean over seeds at each evaluation (dots), the fitted sigmoid (line) and the fit on the
+    first part only, extrapolated (dashed), after ablate.analysis.scaling."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = _colors(arms)
+    for arm, (res, ex, curves) in fits.items():
+        c = colors.get(arm)
+        pts = pd.DataFrame({"x": np.concatenate([a for a, _ in curves]), "y": np.concatenate([b for _, b in curves])})
+        mean = pts.groupby("x")["y"].mean()
+        ax.plot(mean.index, mean.to_numpy() * scale, "o", ms=3, color=c, alpha=0.6)
+        grid = np.linspace(max(pts["x"].min(), 1e-9), pts["x"].max(), 200)
+        if res.fit.ok:
+            ax.plot(grid, res.fit(grid) * scale, color=c, lw=1.5, label=f"{arm}: A {res.fit.A * scale:.1f}")
+        if ex["fit"].ok:
+            ax.plot(grid, ex["fit"](grid) * scale, color=c, lw=1, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(unit)
+    ax.set_title("R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B); dashed: fit on the first half, extrapolated", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -7,8 +7,11 @@ import html as H
 
 import numpy as np
 
+from ablate.analysis.stats import MIN_BOOT_SEEDS
+
 SECTIONS = [("headline", "Headline"), ("setup", "Setup"), ("warnings", "Warnings"), ("ranking", "Ranking"),
-            ("effects", "Factorial effects"), ("curves", "Curves"), ("passk", "pass@k"),
+            ("effects", "Factorial effects"), ("scores", "Scores"), ("scaling", "Compute scaling"),
+            ("curves", "Curves"), ("passk", "pass@k"),
             ("diagnostics", "Diagnostics"), ("samples", "Samples"), ("runs", "Runs")]
 
 CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1180px;margin:24px auto;
@@ -28,6 +31,13 @@ def _ci(est, lo, hi, scale=1.0, digits=1) -> str:
     return s + (f" [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]" if np.isfinite(lo) else " [n/a]")
 
 
+def _count(v) -> str:
+    """Counts as integers ("19,200"), other numbers with one decimal."""
+    if not np.isfinite(v):
+        return "–"
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
 def _table(header, rows, md=False) -> str:
     if md:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -39,19 +49,64 @@ def _table(header, rows, md=False) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _boot(est, lo, hi, n, scale=1.0, digits=1) -> str:
+    """A bootstrap interval: shown only from MIN_BOOT_SEEDS seeds (below, it is far too narrow)."""
+    if n < MIN_BOOT_SEEDS and est is not None and np.isfinite(est):
+        return f"{est * scale:.{digits}f} [n/a: < {MIN_BOOT_SEEDS} seeds]"
+    return _ci(est, lo, hi, scale, digits)
+
+
 def _ranking_rows(rep):
     a, s = rep.arms, rep.scale
     ranked = a.assign(_m=a["mean"].fillna(-np.inf)).sort_values("_m", ascending=False)
+
+    def interval(est, lo, hi, scale, digits, n):   # the chosen --ci; a bootstrap one hidden below MIN_BOOT_SEEDS
+        return _ci(est, lo, hi, scale, digits) if rep.ci_method == "t" else _boot(est, lo, hi, n, scale, digits)
+
     rows = []
     for i, r in enumerate(ranked.itertuples(), 1):
-        diff = "reference" if r.reference else _ci(r.diff, r.diff_lo, r.diff_hi, s) + \
+        diff = "reference" if r.reference else interval(r.diff, r.diff_lo, r.diff_hi, s, 1, r.n) + \
             ("" if r.paired is None else (" (paired)" if r.paired else " (unpaired)"))
-        poi = "" if r.reference else _ci(r.poi, r.poi_lo, r.poi_hi, 1, 2)
-        rows.append([i, r.arm, f"{r.n}/{r.runs}", _ci(r.mean, r.mean_lo, r.mean_hi, s),
-                     _ci(r.iqm, r.iqm_lo, r.iqm_hi, s), diff, poi,
+        poi = "" if r.reference else _boot(r.poi, r.poi_lo, r.poi_hi, r.n, 1, 2)
+        tests = [""] * len(_adj_header(rep)) if r.reference else _adj_cols(rep, r, r.diff)
+        rows.append([i, r.arm, f"{r.n}/{r.runs}", interval(r.mean, r.mean_lo, r.mean_hi, s, 1, r.n),
+                     _boot(r.iqm, r.iqm_lo, r.iqm_hi, r.n, s), diff, *tests, poi,
                      "–" if not np.isfinite(r.sd) else f"{r.sd * s:.2f}", r.excluded])
-    return ["#", "arm", "seeds used/runs", f"mean {rep.unit} [95% CI]", "IQM [95% CI]",
-            "difference to reference [95% CI]", "P(improvement) [95% CI]", "seed sd", "excluded runs"], rows
+    return ["#", "arm", "seeds used/runs", f"mean {rep.unit} [95% CI]", "IQM [95% bootstrap CI]",
+            "difference to reference [95% CI]", *_adj_header(rep), "P(improvement) [95% bootstrap CI]", "seed sd",
+            "excluded runs"], rows
+
+
+ADJUST_NAMES = {"none": "no adjustment", "holm": "Holm", "bh": "Benjamini-Hochberg"}
+
+
+def _p(v) -> str:
+    if v is None or not np.isfinite(v):
+        return "–"
+    return "<0.001" if v < 0.001 else f"{v:.3f}"
+
+
+def _adj_cols(rep, r, est) -> list:
+    """p, adjusted p and interval, MDE (and seeds needed for the user's effect) of one contrast row."""
+    out = [_p(r.p)]
+    if rep.adjust != "none":
+        ci = "–" if not np.isfinite(r.adj_lo) else \
+            f"[{r.adj_lo * rep.scale:.1f}, {r.adj_hi * rep.scale:.1f}]" + ("" if r.adj_significant else " n.s.")
+        out += [_p(r.p_adj), ci]
+    out.append("–" if not np.isfinite(r.mde) else f"{r.mde * rep.scale:.1f}")
+    if rep.mde_target:
+        out.append("–" if not np.isfinite(r.seeds_needed) else f"{int(r.seeds_needed)}")
+    return out
+
+
+def _adj_header(rep) -> list:
+    h = ["p (t test)"]
+    if rep.adjust != "none":
+        h += [f"p {ADJUST_NAMES[rep.adjust]}", f"adjusted CI ({ADJUST_NAMES[rep.adjust]})"]
+    h.append(f"MDE ({rep.unit})")
+    if rep.mde_target:
+        h.append(f"seeds per arm for {rep.mde_target * rep.scale:g}")
+    return h
 
 
 CI_NAMES = {"t": "Student t (Welch for unpaired arms)", "percentile": "percentile bootstrap (rliable)",
@@ -60,16 +115,73 @@ CI_NAMES = {"t": "Student t (Welch for unpaired arms)", "percentile": "percentil
 
 def _ci_note(rep) -> str:
     return (f"95% CIs over seeds. Means, differences and effects: {CI_NAMES[rep.ci_method]}, paired by seed where "
-            f"arms share seeds; IQM and P(improvement): percentile bootstrap. A CI that excludes 0 at 3-5 seeds is "
-            f"one draw of a 5%-level test, not a verdict.")
+            f"arms share seeds; IQM and P(improvement): percentile bootstrap (marked; not shown below "
+            f"{MIN_BOOT_SEEDS} seeds, where it is far too narrow). A CI that excludes 0 at 3-5 seeds is "
+            f"one draw of a 5%-level test, not a verdict. p: two-sided t test of the contrast. "
+            + ("No adjustment for multiple comparisons. " if rep.adjust == "none" else
+               f"Adjusted ({ADJUST_NAMES[rep.adjust]}, each table one family): p-values, and intervals at the "
+               f"family's adjusted level (Bonferroni 1 - 0.05/m for Holm, Benjamini-Yekutieli 1 - R 0.05/m for BH). ")
+            + "MDE: the smallest true difference this many seeds detect with probability 0.8 (alpha 0.05, paired "
+            "or Welch as the contrast is); a 'n.s.' smaller than its MDE says little.")
 
 
 def _effect_rows(rep):
     rows = []
     for r in rep.effects.itertuples():
         rows.append([r.term, r.kind, _ci(r.estimate, r.lo, r.hi, rep.scale), "yes" if r.significant else "n.s.",
-                     r.n, {True: "paired", False: "unpaired"}.get(r.paired, "–"), r.coverage])
-    return ["term", "kind", f"effect ({rep.unit}) [95% CI]", "CI excludes 0", "seeds", "pairing", "cells used"], rows
+                     *_adj_cols(rep, r, r.estimate), r.n, {True: "paired", False: "unpaired"}.get(r.paired, "–"),
+                     r.coverage])
+    return ["term", "kind", f"effect ({rep.unit}) [95% CI]", "CI excludes 0", *_adj_header(rep), "seeds", "pairing",
+            "cells used"], rows
+
+
+SCORE_NAMES = {"final": "final", "last_k": "mean of last {k} evaluations", "auc": "area under the curve (mean level)",
+               "max": "max over training (biased upward)"}
+
+
+def _score_rows(rep):
+    t = rep.score_table
+    names = list(dict.fromkeys(t["score"]))
+    rows = []
+    for arm, g in t.groupby("arm", sort=False):
+        g = g.set_index("score")
+        cells = []
+        for n in names:
+            r = g.loc[n]
+            c = _ci(r["mean"], r["lo"], r["hi"], rep.scale)
+            if np.isfinite(r["diff"]):
+                c += f"; vs reference {_ci(r['diff'], r['diff_lo'], r['diff_hi'], rep.scale)}"
+            cells.append(c)
+        rows.append([arm, int(g["n"].iloc[0]), *cells])
+    k = rep.last_k
+    return ["arm", "seeds", *[SCORE_NAMES[n].format(k=k) + (" (used)" if n == rep.score else "") for n in names]], rows
+
+
+SCORE_NOTE = ("Per-run scores side by side, mean over seeds with the report's 95% CI, and the difference to the "
+              "reference arm. The statistics above use the one marked (used; --score). The max over training picks "
+              "the best of many noisy evaluations of the same held-out set: it is biased upward, never a result.")
+
+
+SCALING_NOTE = ("Per arm, R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (Khatri et al. 2025, ScaleRL, arXiv 2510.13786) "
+                "fitted by least squares to every evaluation of the arm's seeds, R0 fixed to the measured step-0 "
+                "value; A the ceiling, B the steepness, C_mid the compute at half the gain; 95% CIs from refits on "
+                "seeds resampled with replacement (t-scaled). Extrapolation check: the fit on the first half of the "
+                "compute range predicts the last evaluation. A ceiling beyond the measured range is an extrapolation.")
+
+
+def _scaling_rows(rep):
+    s, rows = rep.scale, []
+
+    def num(v, d=0):
+        return "–" if not np.isfinite(v) else f"{v:,.{d}f}"
+
+    for r in rep.scaling.itertuples():
+        rows.append([r.arm, r.n, f"{r.r0 * s:.1f}", _ci(r.A, r.A_lo, r.A_hi, s), _ci(r.B, r.B_lo, r.B_hi, 1, 2),
+                     _ci(r.c_mid, r.c_mid_lo, r.c_mid_hi, 1, 0), num(r.c90), num(r.extrap_cut),
+                     f"{num(r.extrap_predicted * s, 1)} vs {num(r.extrap_measured * s, 1)}", num(r.extrap_rmse * s, 2)])
+    return (["arm", "seeds", f"R0 ({rep.unit})", "A (ceiling) [95% CI]", "B (steepness) [95% CI]",
+             "C_mid [95% CI]", "C for 90% of the gain", "fit on C <=", "last: predicted vs measured",
+             "held-out RMSE"], rows)
 
 
 def _diag_rows(rep):
@@ -80,9 +192,34 @@ def _diag_rows(rep):
             ("len_start", "length start", 1), ("len_end", "length end", 1)]
     d = rep.diagnostics
     cols = [c for c in cols if c[0] in d]
-    rows = [[r[c] if n is None else ("–" if not np.isfinite(r[c]) else f"{r[c]:.{n}f}") for c, _, n in cols]
-            for _, r in d.iterrows()]
+
+    def cell(r, c, n):
+        if n is None:
+            return r[c]
+        if c.startswith("kl_") and r.get("kl_on") is False:
+            return "not measured"            # kl_coef 0: no reference model, the logged 0 means nothing
+        return "–" if not np.isfinite(r[c]) else f"{r[c]:.{n}f}"
+
+    rows = [[cell(r, c, n) for c, _, n in cols] for _, r in d.iterrows()]
     return [t for _, t, _ in cols], rows
+
+
+def _sample_rows(rows, pre=False):
+    def text(v):
+        return f"<pre>{H.escape(str(v))}</pre>" if pre else f"`{str(v).replace('`', chr(39))}`"
+
+    return (["run", "step", "split", "prompt", "completion", "reward", "correct"],
+            [[r["run"], r.get("step"), r.get("split"), text(r.get("prompt")), text(r.get("completion")),
+              r.get("reward"), r.get("correct")] for r in rows])
+
+
+PASSK_NOTE = ("pass@k in points, mean over seeds with the report's 95% CI. The base model row has one observation "
+              "per distinct step-0 evaluation (runs sharing a seed, base model and task / eval settings count once).")
+
+
+def _passk_rows(rep):
+    return (["arm", "k", "mean (points) [95% CI]", "n"],
+            [[r.arm, r.k, _ci(r.mean, r.lo, r.hi, 100, 1), r.n] for r in rep.passk.itertuples()])
 
 
 def _run_rows(rep):
@@ -106,7 +243,7 @@ def _setup_parts(rep, md=False):
                else "Nothing varied except the seed (one arm).")
     out.append(_table(["fixed setting", "value"], [[k, v] for k, v in st["key_fixed"].items()], md))
     if st["budget"]:
-        out.append(_table(["budget", "value"], [[k, f"{v:,.1f}"] for k, v in st["budget"].items()], md))
+        out.append(_table(["budget", "value"], [[k, _count(v)] for k, v in st["budget"].items()], md))
     return out
 
 
@@ -120,6 +257,9 @@ def html(rep, title: str, meta: dict) -> str:
         p.append(f"<h2 id='{key}'>{dict(SECTIONS)[key]}</h2>")
 
     sec("headline")
+    if rep.base_lines:
+        p.append("<p>Change from the base model (final minus step-0 evaluation of the same run):</p><ul class='headline'>"
+                 + "".join(f"<li>{H.escape(h)}</li>" for h in rep.base_lines) + "</ul>")
     p.append("<ul class='headline'>" + "".join(f"<li>{H.escape(h)}</li>" for h in rep.headline) + "</ul>"
              if rep.headline else "<p>No comparison: a single arm.</p>")
     sec("setup")
@@ -134,20 +274,37 @@ def html(rep, title: str, meta: dict) -> str:
     p.append(_table(*_ranking_rows(rep)))
     sec("effects")
     if rep.effects is not None and len(rep.effects):
+        p.append(f"<p class='meta'>{H.escape(_ci_note(rep))}</p>")
         p.append(_table(*_effect_rows(rep)))
         if "forest" in rep.figures:
             p.append(f"<img alt='effect forest plot' src='data:image/png;base64,{rep.figures['forest']}'>")
     else:
         p.append("<p>No factorial design (fewer than two levels varied).</p>")
+    sec("scores")
+    if rep.score_table is not None and len(rep.score_table):
+        p.append(f"<p class='meta'>{H.escape(SCORE_NOTE)}</p>")
+        p.append(_table(*_score_rows(rep)))
+    sec("scaling")
+    if rep.scaling is not None and len(rep.scaling):
+        p.append(f"<p class='meta'>{H.escape(SCALING_NOTE)} x: {H.escape(rep.fit_x)}.</p>")
+        p.append(_table(*_scaling_rows(rep)))
+        if "scaling" in rep.figures:
+            p.append(f"<img alt='compute scaling fit' src='data:image/png;base64,{rep.figures['scaling']}'>")
+    else:
+        p.append("<p>Not fitted (ablate report --fit tokens | samples | wall | steps).</p>")
     sec("curves")
     if "curves" in rep.figures:
-        p.append("<p class='meta'>Mean over the seeds of each arm (runs used in the statistics); shaded: 95% "
-                 "bootstrap CI over seeds; per-step metrics averaged in bins.</p>")
+        band = "Student t" if rep.ci_method == "t" else f"bootstrap (none below {MIN_BOOT_SEEDS} seeds)"
+        p.append(f"<p class='meta'>Mean over the seeds of each arm (runs used in the statistics); shaded: 95% {band} "
+                 "CI over seeds; per-step metrics averaged in bins; rates in points.</p>")
         p.append(f"<img alt='training curves' src='data:image/png;base64,{rep.figures['curves']}'>")
     sec("passk")
+    if len(rep.passk):
+        p.append(f"<p class='meta'>{H.escape(PASSK_NOTE)}</p>")
+        p.append(_table(*_passk_rows(rep)))
     if "passk" in rep.figures:
         p.append(f"<img alt='pass@k vs k' src='data:image/png;base64,{rep.figures['passk']}'>")
-    else:
+    elif not len(rep.passk):
         p.append("<p>No pass@k evaluations logged.</p>")
     sec("diagnostics")
     p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
@@ -156,10 +313,7 @@ def html(rep, title: str, meta: dict) -> str:
     sec("samples")
     for arm, rows in rep.samples.items():
         p.append(f"<h3>{H.escape(arm)}</h3>")
-        p.append(_table(["run", "step", "split", "prompt", "completion", "reward", "correct"],
-                        [[r["run"], r.get("step"), r.get("split"), f"<pre>{H.escape(str(r.get('prompt')))}</pre>",
-                          f"<pre>{H.escape(str(r.get('completion')))}</pre>", r.get("reward"), r.get("correct")]
-                         for r in rows]))
+        p.append(_table(*_sample_rows(rows, pre=True)))
     if not rep.samples:
         p.append("<p>No samples.jsonl found.</p>")
     sec("runs")
@@ -171,16 +325,27 @@ def html(rep, title: str, meta: dict) -> str:
 def markdown(rep, title: str, meta: dict) -> str:
     p = [f"# {title}", "", f"Metric: `{rep.metric}` (final value per run, {rep.unit}); runs: "
          f"{', '.join(meta['paths'])}; generated {meta['generated']}. Figures: see the HTML report.", ""]
-    p += ["## Headline", ""] + ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
+    p += ["## Headline", ""]
+    if rep.base_lines:
+        p += ["Change from the base model (final minus step-0 evaluation of the same run):", ""]
+        p += [f"- {h}" for h in rep.base_lines] + [""]
+    p += ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
     p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
     p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
-    p += ["## Factorial effects", ""]
+    p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
+    if rep.score_table is not None and len(rep.score_table):
+        p += ["## Scores", "", SCORE_NOTE, "", _table(*_score_rows(rep), md=True)]
+    if rep.scaling is not None and len(rep.scaling):
+        p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _table(*_scaling_rows(rep), md=True)]
     if len(rep.passk):
-        p += ["## pass@k", "", _table(["arm", "k", "mean [95% CI]", "n"],
-                                     [[r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.passk.itertuples()], md=True)]
+        p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
     if len(rep.diagnostics):
         p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
+    if rep.samples:
+        p += ["## Samples", ""]
+        for arm, rows in rep.samples.items():
+            p += [f"### {arm}", "", _table(*_sample_rows(rows), md=True)]
     p += ["## Runs", "", _table(*_run_rows(rep), md=True)]
     return "\n".join(p)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.analysis import diagnostics, effects, plots, render, stats
+from ablate.analysis import diagnostics, effects, multiplicity, plots, render, stats
 from ablate.analysis.design import arm_order
 from ablate.analysis.load import Study, load_study
 
@@ -35,6 +35,8 @@ class Report:
     scale: float
     unit: str
     ci_method: str = "t"                            # interval of means, differences, effects
+    adjust: str = "holm"                            # multiplicity adjustment of each table of contrasts
+    mde_target: float | None = None                 # effect (metric units) for the seeds-needed column
     setup: dict = field(default_factory=dict)
     scores: pd.DataFrame | None = None
     arms: pd.DataFrame | None = None
@@ -42,7 +44,14 @@ class Report:
     passk: pd.DataFrame | None = None
     diagnostics: pd.DataFrame | None = None
     warnings: list = field(default_factory=list)
-    headline: list = field(default_factory=list)
+    headline: list = field(default_factory=list)   # the contrasts (effects, or arms vs the reference)
+    base_lines: list = field(default_factory=list)  # change from the base model per arm (shown first)
+    gain: pd.DataFrame | None = None                # the same as a table
+    score: str = "final"                            # the per-run score the statistics use (effects.SCORES)
+    last_k: int = 3                                 # evaluations averaged by the last_k score
+    score_table: pd.DataFrame | None = None         # every score side by side
+    fit_x: str | None = None                        # compute axis of the scaling fit (None: not fitted)
+    scaling: pd.DataFrame | None = None             # per arm A, B, C_mid with CIs, extrapolation check
     figures: dict = field(default_factory=dict)     # name -> base64 PNG
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
@@ -58,7 +67,7 @@ def default_metric(study: Study) -> str:
 
 def metric_scale(metric: str) -> tuple[float, str]:
     """Rates in [0, 1] are reported in points (x100)."""
-    if re.search(r"pass@|acc|frac|rate", metric):
+    if plots.rate_scale(metric) != 1.0:
         return 100.0, f"{metric.split('/')[-1]} points"
     return 1.0, metric.split("/")[-1]
 
@@ -86,24 +95,84 @@ def setup_table(study: Study, scores: pd.DataFrame) -> dict:
             "used_runs": int(scores["included"].sum())}
 
 
+BASE_KEYS = ("seed", "model.path")  # with every task.* and eval.* key: runs sharing these share their step-0 eval
+
+
+def base_evals(study: Study) -> pd.DataFrame:
+    """The step-0 (base model) evaluations, one row per distinct observation: runs that share a seed, a
+    base model and the task and evaluation settings evaluated the same model on the same draws, so their
+    step-0 rows are averaged into one (counting them once per arm would be pseudo-replication)."""
+    ev = study.evals
+    base = ev[ev["step"] == 0]
+    if base.empty:
+        return base
+    keys = [k for k in study.runs.columns if k in BASE_KEYS or k.startswith(("task.", "eval."))]
+    info = study.runs[["run_id", *keys]].astype({k: str for k in keys})
+    base = base.assign(run_id=base["run_id"].astype(str)).merge(info, on="run_id", how="left")
+    cols = [c for c in ev.columns if c not in ("run_id", "step")]
+    return base.groupby(keys, dropna=False, sort=False)[cols].mean().reset_index() if keys else base[cols]
+
+
 def passk_table(study: Study, scores: pd.DataFrame, reps: int, seed: int, method: str = "t") -> pd.DataFrame:
     ev = study.evals
     ks = sorted(int(c.split("@")[1]) for c in ev.columns if re.fullmatch(r"eval/pass@\d+", c))
     if not ks or ev.empty:
         return pd.DataFrame(columns=["arm", "k", "mean", "lo", "hi", "n"])
     rows = []
-    base = ev[ev["step"] == 0]
+    base = base_evals(study)
     inc = scores[scores["included"]]
     last = ev.sort_values("step").groupby("run_id", observed=True).last()
     for k in ks:
         col = f"eval/pass@{k}"
-        groups = [("base (step 0)", base[col].dropna().to_numpy())]
+        groups = [("base (step 0)", base[col].dropna().to_numpy() if col in base else np.array([]))]
         groups += [(a, last.reindex(g["run_id"])[col].dropna().to_numpy()) for a, g in inc.groupby("arm", sort=False)]
         for arm, v in groups:
             if len(v):
                 iv = stats.mean_ci(v, method, reps, seed=seed)
                 rows.append({"arm": arm, "k": k, "mean": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": iv.n})
     return pd.DataFrame(rows)
+
+
+def score_table(study: Study, metric: str, reps: int, seed: int, method: str = "t", k: int = effects.LAST_K):
+    """Per arm and score (effects.SCORES: final, mean of the last k evaluations, area under the curve, max):
+    mean with CI, and the difference to the reference arm (paired by seed when possible)."""
+    rows = []
+    for name in effects.SCORES:
+        sc = effects.final_scores(study, metric, score=name, k=k)
+        cells = effects._cells(sc)
+        order = list(dict.fromkeys(sc["arm"]))
+        for arm in order:
+            v = cells.get(arm, pd.Series(dtype=float)).to_numpy(float)
+            m = stats.mean_ci(v, method, reps, seed=seed)
+            d = effects.contrast(cells, {arm: 1.0, order[0]: -1.0}, reps, seed, method=method) \
+                if arm != order[0] else stats.Interval(np.nan, np.nan, np.nan)
+            rows.append({"arm": arm, "score": name, "n": m.n, "mean": m.estimate, "lo": m.lo, "hi": m.hi,
+                         "diff": d.estimate, "diff_lo": d.lo, "diff_hi": d.hi})
+    return pd.DataFrame(rows)
+
+
+def base_change(study: Study, scores: pd.DataFrame, metric: str, reps: int, seed: int, method: str = "t"):
+    """Per arm: final score minus the same run's step-0 evaluation, over the arm's seeds (paired by run)."""
+    if metric not in study.evals.columns:
+        return pd.DataFrame(columns=["arm", "base", "final", "change", "lo", "hi", "n"])
+    ev = study.evals
+    at0 = ev[ev["step"] == 0].groupby("run_id", observed=True)[metric].first()
+    inc = scores[scores["included"]].assign(base=lambda d: d["run_id"].map(at0).astype(float)).dropna(subset=["base"])
+    rows = []
+    for arm, g in inc.groupby("arm", sort=False):
+        iv = stats.mean_ci((g["value"] - g["base"]).to_numpy(float), method, reps, seed=seed)
+        rows.append({"arm": arm, "base": g["base"].mean(), "final": g["value"].mean(), "change": iv.estimate,
+                     "lo": iv.lo, "hi": iv.hi, "n": iv.n})
+    return pd.DataFrame(rows, columns=["arm", "base", "final", "change", "lo", "hi", "n"])
+
+
+def base_lines(gain: pd.DataFrame, scale: float, unit: str) -> list[str]:
+    out = []
+    for r in gain.itertuples():
+        ci = f"[{r.lo * scale:.1f}, {r.hi * scale:.1f}]" if np.isfinite(r.lo) else "[CI undefined]"
+        out.append(f"{r.arm}: {r.change * scale:+.1f} {unit} {ci} over the base model "
+                   f"({r.base * scale:.1f} -> {r.final * scale:.1f}, {r.n} seeds)")
+    return out
 
 
 def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
@@ -124,16 +193,21 @@ def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
     return out
 
 
-def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str) -> list[str]:
+def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str, adjust: str = "none") -> list[str]:
     def fmt(est, lo, hi):
         if not np.isfinite(lo):
             return f"{est * scale:+.1f} {unit} [CI undefined]"
         return f"{est * scale:+.1f} {unit} [{lo * scale:.1f}, {hi * scale:.1f}]"
 
+    def verdict(r):
+        if not r.significant:
+            return " (n.s.)"
+        return "" if adjust == "none" or r.adj_significant else f" (n.s. after {render.ADJUST_NAMES[adjust]})"
+
     lines = []
     if eff is not None and len(eff):
         for r in eff[eff["kind"] == "main"].itertuples():
-            s = f"{r.factor} {r.vs} -> {r.level}: {fmt(r.estimate, r.lo, r.hi)}" + ("" if r.significant else " (n.s.)")
+            s = f"{r.factor} {r.vs} -> {r.level}: {fmt(r.estimate, r.lo, r.hi)}" + verdict(r)
             inter = eff[(eff["kind"] == "interaction") & (((eff["factor"] == r.factor) & (eff["level"] == r.level))
                                                          | ((eff["factor2"] == r.factor) & (eff["level2"] == r.level)))]
             for q in inter.itertuples():
@@ -142,20 +216,37 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str) -> 
             lines.append(s)
     elif arms is not None and len(arms) > 1:
         for r in arms[~arms["reference"]].itertuples():
-            lines.append(f"{r.arm} vs {arms.iloc[0]['arm']}: {fmt(r.diff, r.diff_lo, r.diff_hi)}")
+            sig = np.isfinite(r.diff_lo) and (r.diff_lo > 0 or r.diff_hi < 0)
+            lines.append(f"{r.arm} vs {arms.iloc[0]['arm']}: {fmt(r.diff, r.diff_lo, r.diff_hi)}"
+                         + verdict(r._replace(significant=sig)))
     return lines
 
 
 def build_report(paths, out: str | Path | None = None, metric: str | None = None, x: str = "steps",
                  reps: int = stats.REPS, seed: int = 0, title: str | None = None, study: Study | None = None,
-                 figures: bool = True, ci_method: str = "t") -> Report:
+                 figures: bool = True, ci_method: str = "t", adjust: str = "holm", mde: float | None = None,
+                 score: str = "final", last_k: int = effects.LAST_K, fit: str | None = None) -> Report:
     """Analyse the runs under `paths` (or a loaded `study`) and, if `out` is given, write `out` (HTML)
     and `out` with suffix .md. Returns the Report (tables as DataFrames). `ci_method` sets the interval
-    of means, differences and effects (ablate.analysis.stats.METHODS)."""
+    of means, differences and effects (ablate.analysis.stats.METHODS); `adjust` the multiplicity
+    adjustment (ablate.analysis.multiplicity.ADJUST) of each table of contrasts; `mde` an effect in
+    the metric's units (0.02 = 2 points of a rate) for which the seeds needed are computed; `score`
+    the per-run score (ablate.analysis.effects.SCORES; `last_k` evaluations for last_k); `fit` a
+    compute axis (plots.X_AXES) for the compute-scaling fit of ablate.analysis.scaling (None: none)."""
     if x not in plots.X_AXES:
         raise ValueError(f"x must be one of {', '.join(plots.X_AXES)}; got {x!r}")
     if ci_method not in stats.METHODS:
         raise ValueError(f"ci_method must be one of {', '.join(stats.METHODS)}; got {ci_method!r}")
+    if adjust not in multiplicity.ADJUST:
+        raise ValueError(f"adjust must be one of {', '.join(multiplicity.ADJUST)}; got {adjust!r}")
+    if fit is not None and fit not in plots.X_AXES:
+        raise ValueError(f"fit must be one of {', '.join(plots.X_AXES)}; got {fit!r}")
+    if score not in effects.SCORES:
+        raise ValueError(f"score must be one of {', '.join(effects.SCORES)}; got {score!r}")
+    if last_k < 1:
+        raise ValueError(f"last_k must be >= 1; got {last_k}")
+    if mde is not None and not mde > 0:
+        raise ValueError(f"mde must be a positive effect in the metric's units; got {mde!r}")
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     study = study or load_study(*paths)
     if study.runs.empty:
@@ -164,18 +255,40 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
     if metric not in study.evals.columns and metric not in study.metrics.columns:
         raise ValueError(f"metric {metric!r} was not logged by these runs")
     scale, unit = metric_scale(metric)
-    rep = Report(study, metric, x, scale, unit, ci_method)
-    rep.scores = effects.final_scores(study, metric)
+    rep = Report(study, metric, x, scale, unit, ci_method, adjust, mde)
+    rep.score, rep.last_k = score, last_k
+    rep.scores = effects.final_scores(study, metric, score=score, k=last_k)
     rep.setup = setup_table(study, rep.scores)
-    rep.arms = effects.compare_arms(rep.scores, reps, seed, method=ci_method)
-    rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed, method=ci_method) \
+    rep.arms = effects.compare_arms(rep.scores, reps, seed, method=ci_method, adjust=adjust, mde_target=mde)
+    rep.effects = effects.factorial_effects(rep.scores, study.factors, reps, seed, method=ci_method, adjust=adjust,
+                                            mde_target=mde) \
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
-    rep.diagnostics = diagnostics.arm_diagnostics(study)
-    rep.warnings = effects.seed_warnings(rep.scores, rep.arms, rep.effects if rep.effects is not None else pd.DataFrame())
+    rep.diagnostics = diagnostics.arm_diagnostics(study, metric)
+    rep.score_table = score_table(study, metric, reps, seed, ci_method, last_k)
+    rep.gain = base_change(study, rep.scores, metric, reps, seed, ci_method)
+    rep.base_lines = base_lines(rep.gain, scale, unit)
+    rep.warnings = effects.seed_warnings(rep.scores, rep.arms, rep.effects if rep.effects is not None else pd.DataFrame(),
+                                         scale=scale, unit=unit)
+    if score == "max":
+        rep.warnings.append("the score is the max over training: the best of many noisy evaluations is biased upward "
+                            "(selection on the held-out set); prefer final, last_k or auc")
+    if ci_method != "t" and (rep.arms["n"] < stats.MIN_BOOT_SEEDS).any():
+        rep.warnings.append(f"--ci {ci_method} is a bootstrap: with fewer than {stats.MIN_BOOT_SEEDS} seeds per arm it "
+                            "resamples the few seeds as if they were all and comes out too narrow; use --ci t")
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
-    rep.headline = headline(rep.effects, rep.arms, scale, unit)
+    rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
+    inc = rep.scores[rep.scores["included"]]
+    if fit is not None and metric in study.evals.columns and len(inc):
+        from ablate.analysis import scaling
+
+        rep.fit_x = fit
+        bounds = (0.0, 1.0) if scale == 100 else (-np.inf, np.inf)
+        rep.scaling, fits = scaling.scaling_table(study, metric, fit, inc.set_index("run_id")["arm"], bounds, seed=seed)
+        if figures and fits:
+            rep.figures["scaling"] = plots.to_base64(plots.scaling_figure(fits, arm_order(study.runs), plots.X_AXES[fit][1],
+                                                                          scale, rep.unit))
     rep.runs = rep.scores.merge(study.runs[["run_id", "error"]], on="run_id", how="left")
     if len(study.stale):  # listed, never used: they belong to an earlier version of the sweep
         ids = list(study.stale["run_id"])
@@ -189,9 +302,10 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         inc = rep.scores[rep.scores["included"]]
         use = inc if len(inc) else rep.scores
         run_arm = use.set_index("run_id")["arm"]
-        rep.figures["curves"] = plots.to_base64(plots.curves_figure(study, metric, x, run_arm, arms))
+        rep.figures["curves"] = plots.to_base64(plots.curves_figure(study, metric, x, run_arm, arms, ci_method=ci_method))
         if len(rep.passk):
-            rep.figures["passk"] = plots.to_base64(plots.passk_figure(rep.passk, arms))
+            pk = rep.passk.assign(mean=rep.passk["mean"] * 100, lo=rep.passk["lo"] * 100, hi=rep.passk["hi"] * 100)
+            rep.figures["passk"] = plots.to_base64(plots.passk_figure(pk, arms, "pass@k (held-out, points)"))
         if rep.effects is not None and len(rep.effects):
             e = rep.effects.assign(estimate=rep.effects.estimate * scale, lo=rep.effects.lo * scale,
                                    hi=rep.effects.hi * scale)
@@ -208,6 +322,7 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
 
 def report_json(rep: Report) -> str:
     """The report's tables as JSON (for scripts and CI)."""
-    return json.dumps({"metric": rep.metric, "headline": rep.headline, "warnings": rep.warnings,
+    return json.dumps({"metric": rep.metric, "score": rep.score, "adjust": rep.adjust, "base_change": rep.base_lines,
+                       "headline": rep.headline, "warnings": rep.warnings,
                        "arms": rep.arms.to_dict("records"),
                        "effects": [] if rep.effects is None else rep.effects.to_dict("records")}, default=str)

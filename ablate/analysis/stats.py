@@ -12,6 +12,9 @@ array is one task. Conventions:
 - Paired difference: when two arms share seeds (same seed = same prompts), the per-seed differences are
   resampled (one index drawn per seed, for both arms), which removes the prompt-order noise both share.
 
+Multi-task studies (several columns): `performance_profile` (share of runs above each threshold,
+averaged over tasks) and the `optimality_gap` aggregate (gamma - mean(min(x, gamma))), as rliable.
+
 Interval methods for means, differences and contrasts (`METHODS`; IQM and P(improvement) always use the
 percentile bootstrap):
 - "t" (default): Student t on the per-run values (tasks averaged), Welch-Satterthwaite degrees of freedom
@@ -34,6 +37,7 @@ import scipy.stats
 REPS = 2000
 CI = 0.95
 METHODS = ("t", "percentile", "bca")
+MIN_BOOT_SEEDS = 5   # the report shows no bootstrap interval below this many seeds (it comes out too narrow)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Interval:
     hi: float
     n: int = 0                     # seeds (rows) behind the estimate
     paired: bool | None = None     # for differences: paired by seed or not
+    design: object = None          # ablate.analysis.power.TDesign of a contrast's t test (p-value, power)
 
     @property
     def excludes(self) -> bool:
@@ -84,7 +89,34 @@ def iqm(x) -> np.ndarray:
     return trimmed_mean(x, 0.25)
 
 
-AGGREGATES = {"mean": mean, "iqm": iqm}
+def optimality_gap(x, gamma: float = 1.0) -> np.ndarray:
+    """rliable's optimality gap: how far scores fall short of a target gamma, gamma - mean(min(x, gamma))
+    (scores above the target earn nothing more; lower is better). Default target 1: a rate at 100%."""
+    x = np.asarray(x, dtype=float)
+    m = np.minimum(x, gamma)
+    return gamma - (m.mean(axis=(-2, -1)) if x.ndim >= 2 else m.mean())
+
+
+AGGREGATES = {"mean": mean, "iqm": iqm, "optimality_gap": optimality_gap}
+
+
+def performance_profile(scores, taus, reps: int = REPS, ci: float = CI, seed: int = 0):
+    """rliable's score distribution: for each threshold tau, the share of runs scoring above tau,
+    averaged over tasks (scores (runs, tasks)); with stratified-bootstrap percentile bands.
+    Returns (profile (taus,), lo (taus,), hi (taus,))."""
+    x = _matrix(scores)
+    taus = np.asarray(taus, dtype=float)
+
+    def prof(a):  # a: (..., runs, tasks) -> (..., taus)
+        return (a[..., None] > taus).mean(axis=-3).mean(axis=-2)
+
+    point = prof(x)
+    if len(x) < 2:
+        return point, np.full_like(point, np.nan), np.full_like(point, np.nan)
+    boot = prof(stratified_resample(x, reps, seed))
+    a = (1 - ci) / 2 * 100
+    lo, hi = np.percentile(boot, [a, 100 - a], axis=0)
+    return point, lo, hi
 
 
 # --- bootstrap ---------------------------------------------------------------------------------------
@@ -207,3 +239,17 @@ def mean_band(y: np.ndarray, reps: int = 500, ci: float = CI, seed: int = 0):
         a = (1 - ci) / 2 * 100
         lo, hi = np.nanpercentile(boot, [a, 100 - a], axis=0)
     return m, lo, hi
+
+
+def t_band(y: np.ndarray, ci: float = CI):
+    """Curves: (mean, lo, hi) per point of y (runs, points), Student t over the runs with a value there
+    (NaN where fewer than 2)."""
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(y)
+    n = ok.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = np.where(ok, y, 0).sum(0) / n
+        var = np.where(ok, (y - m) ** 2, 0).sum(0) / (n - 1)
+        half = scipy.stats.t.ppf(0.5 + ci / 2, np.maximum(n - 1, 1)) * np.sqrt(var / n)
+    half = np.where(n >= 2, half, np.nan)
+    return m, m - half, m + half

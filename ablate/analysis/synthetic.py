@@ -6,6 +6,9 @@ load/report benchmark. Nothing is trained.
 
 Final held-out pass@1 of a run = base + sum of planted main effects (of the non-reference values) +
 planted interactions + a per-seed offset (shared by every arm: same seed = same prompts) + run noise.
+With `scaling=(B, C_mid)` the held-out curve is instead the ScaleRL sigmoid in generated tokens,
+R(C) = 0.1 + (A - 0.1) / (1 + (C_mid / C)^B), whose ceiling A is that planted value (plus
+`eval_noise` per evaluation): for the compute-scaling fit.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _nest(flat: dict) -> dict:
 
 def write_run(run_dir: Path, config: dict, final: float, steps: int, rng: np.random.Generator, state="completed",
               stop_at: int | None = None, eval_every: int = 25, torn: bool = False, samples: bool = True,
-              entropy_drop: float = 0.3) -> None:
+              entropy_drop: float = 0.3, scaling: tuple | None = None, eval_noise: float = 0.0) -> None:
     """One run folder whose held-out pass@1 climbs linearly from 0.1 to `final` (noise on train metrics)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -68,6 +71,11 @@ def write_run(run_dir: Path, config: dict, final: float, steps: int, rng: np.ran
     with open(run_dir / "evals.jsonl", "w") as f:
         for s in range(0, last + 1, eval_every):
             p1 = 0.1 + (final - 0.1) * s / steps
+            if scaling is not None and s:
+                b, c_mid = scaling
+                p1 = 0.1 + (final - 0.1) / (1 + (c_mid / vals["counters/tokens"][s - 1]) ** b)
+            if eval_noise and s:
+                p1 += rng.normal(0, eval_noise)
             row = {"step": s, "eval/pass@1": p1, "eval/pass@8": 1 - (1 - p1) ** 3, "eval/greedy_acc": p1,
                    "eval/reward_mean": p1, "eval/completion_len_mean": 40 + 10 * s / steps}
             if s:
@@ -85,7 +93,7 @@ def write_run(run_dir: Path, config: dict, final: float, steps: int, rng: np.ran
 def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, interactions: dict | None = None,
                 base: float = 0.5, seed_sd: float = 0.02, noise: float = 0.0, steps: int = 100, eval_every: int = 25,
                 manifest: bool = True, name: str = "synthetic", fail: tuple = (), rng_seed: int = 0,
-                samples: bool = True) -> list[Path]:
+                samples: bool = True, scaling: tuple | None = None, eval_noise: float = 0.0) -> list[Path]:
     """A full grid x seeds; `effects`: key -> effect of its non-first values; `interactions`:
     (key1, key2) -> extra effect when both are at their non-first value. `fail`: (combo index, seed)
     pairs written as failed half-way. Returns the run folders."""
@@ -101,14 +109,14 @@ def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, i
             sum(e for (a, b), e in interactions.items() if on[a] and on[b])
         for s in seeds:
             flat = {"task.name": "synthetic", "model.path": "none", "steps": steps, "seed": s,
-                    "recipe.group_size": 8, "optim.lr": 1e-6, **dict(zip(keys, combo))}
+                    "recipe.group_size": 8, "recipe.kl_coef": 0.04, "optim.lr": 1e-6, **dict(zip(keys, combo))}
             rid = f"r{ci:03d}s{s}"
             cfg = {"run_id": rid, **_nest(flat)}
             failed = (ci, s) in fail
             d = root / rid
             write_run(d, cfg, mu + seed_off[s] + rng.normal(0, noise) if noise else mu + seed_off[s], steps, rng,
                       state="failed" if failed else "completed", stop_at=steps // 2 if failed else None,
-                      eval_every=eval_every, samples=samples)
+                      eval_every=eval_every, samples=samples, scaling=scaling, eval_noise=eval_noise)
             dirs.append(d)
             entries[rid] = {"arm": None, "seed": s, "toggles": dict(zip(keys, combo)), "steps": steps, "jobs": []}
     if manifest:

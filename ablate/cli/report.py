@@ -26,6 +26,15 @@ def report(
     x: str = typer.Option("steps", "--x", metavar="AXIS", help="x axis of the curves: steps | samples | tokens | wall"),
     ci: str = typer.Option("t", "--ci", metavar="METHOD", help="interval of means, differences and effects: t (Student/Welch, right "
                            "at few seeds) | percentile (rliable's bootstrap) | bca"),
+    adjust: str = typer.Option("holm", "--adjust", metavar="METHOD", help="multiple-comparison adjustment of each table of contrasts: "
+                               "holm (family-wise) | bh (Benjamini-Hochberg, false discovery rate) | none"),
+    mde: float | None = typer.Option(None, "--mde", metavar="EFFECT", help="an effect in the metric's units (0.02 = 2 points of a rate): "
+                                     "the report adds the seeds per arm needed to detect it (power 0.8)"),
+    score: str = typer.Option("final", "--score", metavar="SCORE", help="per-run score: final | last_k (mean of the last --last-k "
+                              "evaluations) | auc (area under the curve) | max (biased upward; warned)"),
+    last_k: int = typer.Option(3, "--last-k", metavar="K", help="evaluations averaged by --score last_k"),
+    fit: str | None = typer.Option(None, "--fit", metavar="AXIS", help="fit the compute-scaling sigmoid (ScaleRL) per arm against "
+                                   "this axis: tokens | samples | wall | steps"),
     reps: int = typer.Option(2000, "--reps", metavar="N", help="bootstrap replicates"),
     seed: int = typer.Option(0, "--seed", metavar="N", help="bootstrap seed (the report is reproducible)"),
     title: str | None = typer.Option(None, "--title", metavar="TEXT"),
@@ -39,11 +48,12 @@ def report(
         fail(f"no such folder: {', '.join(missing)}")
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
     try:
-        rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci)
+        rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci,
+                           adjust=adjust, mde=mde, score=score, last_k=last_k, fit=fit)
     except ValueError as err:
         fail(str(err))
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
-    for line in rep.headline:
+    for line in rep.base_lines + rep.headline:
         typer.echo(f"  {line}")
     for w in rep.warnings:
         typer.secho(f"warning: {w}", fg="yellow", err=True)

@@ -198,3 +198,56 @@ class SweepView:
             self.progress.update(self.bars[rid], completed=st.get("step", 0),
                                  info=f"reward {reward:.3f}" if reward is not None else "starting")
         self.progress.update(self.total, completed=done, info=f"{len(active)} running")
+
+
+@sweep_app.command(cls=Command)
+def extend(spec: SweepSpec,
+           until_ci_width: float = typer.Option(..., "--until-ci-width", metavar="W", help="target width of every arm's CI, "
+                                                "in the report's units (points for a rate)"),
+           max_seeds: int = typer.Option(..., "--max-seeds", metavar="N", help="stop here whatever the widths"),
+           step: int = typer.Option(2, "--step", metavar="N", help="seeds added per round"),
+           n0: int | None = typer.Option(None, "--n0", metavar="N", help="seeds of the first round (default: the spec's now); "
+                                         "keep it fixed across rounds: it sets the number of planned looks"),
+           metric: str | None = typer.Option(None, "--metric", metavar="NAME", help="default: the report's"),
+           out: RunsRoot = None):
+    """One look of a sequential design: if an arm's CI (at 1 - 0.05/looks) is wider than the target,
+    write SPEC with `step` more seeds as <stem>.extend.yaml (same name and runs root) to `ablate sweep run`."""
+    import yaml
+
+    from ablate.analysis import effects
+    from ablate.analysis.load import load_study
+    from ablate.analysis.report import default_metric, metric_scale
+    from ablate.analysis.sequential import next_round
+    from ablate.experiments.sweep import read_spec_file
+
+    sweep, runs = _load(spec, out)
+    if step < 1 or max_seeds < 2:
+        fail("--step must be >= 1 and --max-seeds >= 2")
+    if not Path(sweep.out).exists():
+        fail(f"no runs under {sweep.out}: run the sweep first")
+    study = load_study(sweep.out)
+    metric = metric or default_metric(study)
+    scale, unit = metric_scale(metric)
+    sc = effects.final_scores(study, metric)
+    values = {a: (g["value"] * scale).tolist() for a, g in sc[sc["included"]].groupby("arm", sort=False)}
+    if not values:
+        fail(f"no completed runs with {metric} under {sweep.out}")
+    seeds = list(sweep.seeds or [0])
+    d = next_round(values, n0 or len(seeds), until_ci_width, max_seeds, step)
+    for arm, w in d["widths"].items():
+        typer.echo(f"  {arm}: {len(values[arm])} seeds, {d['level']:.2%} CI width {w:.3g} {unit}")
+    if d["stop"]:
+        typer.echo(f"stop: {d['why']} (look at {d['seeds']} seeds)")
+        return
+    raw = read_spec_file(spec, "sweep spec")
+    extra = [max(seeds) + 1 + i for i in range(d["next_seeds"] - d["seeds"])]
+    raw = {**raw, "seeds": seeds + extra, "out": str(Path(sweep.out).resolve())}
+    base = raw.get("base") or {}
+    if isinstance(base, dict) and base.get("config"):   # keep base.config valid next to the new file
+        raw["base"] = {**base, "config": str((spec.parent / base["config"]).resolve())}
+    path = spec.with_suffix(".extend.yaml") if not spec.name.endswith(".extend.yaml") else spec
+    path.write_text(f"# {spec.name} extended to {d['next_seeds']} seeds: {d['why']} (ablate sweep extend)\n"
+                    + yaml.safe_dump(raw, sort_keys=False))
+    typer.echo(f"wrote {path} (+{len(extra)} seeds: {extra})\n  ablate sweep run {path}\n  "
+               f"ablate sweep extend {path} --until-ci-width {until_ci_width:g} --max-seeds {max_seeds} --step {step} "
+               f"--n0 {n0 or len(seeds)}")

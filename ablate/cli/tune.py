@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -126,6 +127,26 @@ def importances(study, min_trials: int = 4) -> tuple[dict[str, float], str | Non
         return {}, f"not computable: {err}"
 
 
+EDGE = 0.05   # a best value within 5% of the range (log range for log params) of a bound "sits at the bound"
+
+
+def bound_warnings(params, best: dict, edge: float = EDGE) -> list[str]:
+    """The best trial's float / int values that sit at (or within `edge` of the range of) a search bound:
+    the optimum may lie outside the range searched, so widen it before trusting the winner."""
+    out = []
+    for p in params:
+        v = best.get(p.key)
+        if p.kind == "categorical" or v is None:
+            continue
+        f = math.log if p.log else float
+        pos = (f(v) - f(p.low)) / (f(p.high) - f(p.low))
+        for side, at in (("lower", pos <= edge), ("upper", pos >= 1 - edge)):
+            if at:
+                out.append(f"best {p.key} = {v:g} sits at the {side} bound of the search range [{p.low:g}, {p.high:g}]"
+                           f"{' (log scale)' if p.log else ''}: the optimum may lie outside it; widen the range")
+    return out
+
+
 def summary(spec) -> dict:
     """Best trial (+ snippet), trials by state, importances, and one row per trial."""
     import optuna
@@ -141,9 +162,23 @@ def summary(spec) -> dict:
             "best": best and {"number": best.number, "value": best.value, "params": best.params,
                               "run_ids": best.user_attrs.get("run_ids", [])},
             "snippet": best and best_snippet(spec, best),
+            "warnings": bound_warnings(spec.params, best.params) if best else [],
             "trials": [{"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params,
                         "run_ids": t.user_attrs.get("run_ids", []), "error": t.user_attrs.get("error"),
                         "retry_of": Retry.retried_trial_number(t)} for t in trials]}
+
+
+def confirm_spec(spec, trials: list[dict], top: int, seeds: int) -> dict:
+    """A sweep spec that reruns the `top` best completed trials (summary()'s trial rows) and the baseline
+    (the search's base config, no searched values) on `seeds` fresh seeds, none of them a seed the
+    trials were selected on (Patterson et al. 2024, "Empirical design in reinforcement learning",
+    arXiv 2304.01315: the winner of a search is biased upward on the seeds it won on)."""
+    done = [t for t in trials if t["state"] == "complete" and t["value"] is not None]
+    best = sorted(done, key=lambda t: t["value"], reverse=spec.direction == "maximize")[:top]
+    start = max(spec.seeds) + 1
+    return {"name": f"{spec.name}_confirm", "base": spec.raw.get("base") or {},
+            "arms": {"baseline": {}, **{f"trial{t['number']}": dict(t["params"]) for t in best}},
+            "seeds": list(range(start, start + seeds)), "out": str(spec.out.parent / f"{spec.name}_confirm")}
 
 
 # --- commands ----------------------------------------------------------------------------------------
@@ -222,5 +257,48 @@ def _print_status(s) -> None:
         best = info["best"]
         console.print(f"best trial {best['number']}: {s.metric} = {best['value']:.4g}; as a sweep spec:")
         typer.echo(info["snippet"])
+    for w in info["warnings"]:
+        typer.secho(f"warning: {w}", fg="yellow", err=True)
     if s.storage.startswith("sqlite:///"):
         console.print(f"dashboard: optuna-dashboard {s.storage}", markup=False)
+
+
+@tune_app.command(cls=Command)
+def confirm(spec: SearchSpec,
+            top: int = typer.Option(3, "--top", metavar="K", help="how many of the best trials to rerun"),
+            seeds: int = typer.Option(5, "--seeds", metavar="S", help="fresh seeds per arm"),
+            storage: str | None = Storage,
+            out: RunsRoot = None,
+            run_now: bool = typer.Option(False, "--run", help="also run the sweep (local) and write its report")):
+    """Rerun the best trials and the baseline on fresh seeds as a sweep: writes SPEC_confirm.yaml next to
+    the search spec; `ablate sweep run` it, then `ablate report` compares each trial to the baseline."""
+    import yaml
+
+    if top < 1 or seeds < 2:
+        fail("--top must be >= 1 and --seeds >= 2 (an interval needs two seeds)")
+    s = _load(spec, out, storage)
+    try:
+        trials = summary(s)["trials"]
+    except KeyError as err:
+        fail(f"no study {s.name!r} in {s.storage} ({err})")
+    body = confirm_spec(s, trials, top, seeds)
+    if len(body["arms"]) == 1:
+        fail(f"study {s.name!r} has no completed trial to confirm")
+    path = spec.parent / f"{s.name}_confirm.yaml"
+    path.write_text(f"# {len(body['arms']) - 1} best trials of {s.name} and the baseline on fresh seeds "
+                    f"(ablate tune confirm)\n" + yaml.safe_dump(body, sort_keys=False))
+    typer.echo(f"wrote {path}\n  ablate sweep run {path}\n  ablate report {body['out']} --metric {s.metric}")
+    if run_now:
+        from ablate.analysis.report import build_report
+        from ablate.cli.sweep import run as sweep_run
+
+        try:
+            sweep_run(path, executor="local", profile=None, max_parallel=None, out=None, quiet=True)
+        except typer.Exit as e:
+            if e.exit_code:
+                raise
+        report = Path("reports") / f"{s.name}_confirm.html"
+        rep = build_report([body["out"]], report, metric=s.metric)
+        typer.echo(f"wrote {report}")
+        for line in rep.base_lines + rep.headline:
+            typer.echo(f"  {line}")
