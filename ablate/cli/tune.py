@@ -175,7 +175,8 @@ def run(spec: Path = typer.Argument(..., help="search spec YAML (sweeps/tune_*.y
     if (executor or s.executor["name"]) == "slurm":
         console.print(f"submitted {len(jobs)} workers: SLURM array {jobs[0].job_id.split('_')[0]} -> {s.out}")
         return
-    failed = [j.job_id for j in jobs if not j.paths.result_pickle.exists() or j.exception() is not None]
+    # the worker's exit code, not its result pickle: nothing from the (shared) runs root is unpickled
+    failed = [j.job_id for j in jobs if not j.paths.result_pickle.exists() or j._process.poll() != 0]
     del jobs
     gc.collect()  # submitit's LocalJob.__del__ fails noisily when it runs at interpreter exit
     _print_status(s)

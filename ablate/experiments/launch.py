@@ -137,14 +137,13 @@ def _pid_is_submitit(pid: int) -> bool:
         return False
 
 
-def _local_state(job: dict, out: Path) -> str:
-    folder = out / job["folder"]
-    result = folder / f"{job['job_id']}_0_result.pkl"
-    if result.exists():
-        outcome = submitit.core.utils.pickle_load(result)[0]
-        return "COMPLETED" if outcome == "success" else "FAILED"
+def _local_state(job: dict, out: Path, store_state: str | None) -> str:
+    """From the process table and the run store only: submitit's result pickle is never unpickled (a
+    crafted one in a shared folder would run code); that it exists says the worker ended normally."""
     if job["job_id"].isdigit() and _pid_is_submitit(int(job["job_id"])):
         return "RUNNING"
+    if (out / job["folder"] / f"{job['job_id']}_0_result.pkl").exists():
+        return "COMPLETED" if store_state in SKIP else "FAILED"
     return "LOST"  # ended without a result: killed (kill -9, OOM) or interrupted
 
 
@@ -153,7 +152,7 @@ def scheduler_states(out: Path, jobs: dict[str, dict]) -> dict[str, str]:
     states, slurm = {}, {}
     for rid, job in jobs.items():
         if job["executor"] == "local":
-            states[rid] = _local_state(job, out)
+            states[rid] = _local_state(job, out, (RunStore(out / rid).status() or {}).get("state"))
         elif job["executor"] == "debug":
             states[rid] = "DONE"
         else:

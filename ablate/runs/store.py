@@ -6,7 +6,8 @@
     metrics.jsonl     one line per optimizer step: {"step": s, "train/...": v, "perf/...": v}
     evals.jsonl       one line per held-out evaluation: {"step": s, "eval/...": v}
     samples.jsonl     sample completions: {"step", "split", "prompt", "completion", "reward", ...}
-    checkpoint.pt     trainer state for resuming (atomic replace)
+    checkpoint.pt     trainer state for resuming (atomic replace): tensors plus a JSON document, read with
+                      torch's tensor-only loader, so a crafted file in a shared folder cannot run code
 
 Appends are line-buffered so a crash loses at most the step in flight; readers skip a half-written
 last line. Files that are replaced (config, status, checkpoint) are written to a temporary file and
@@ -30,6 +31,54 @@ from ablate.config import RunConfig, run_id, to_dict
 
 LOGS = ("metrics", "evals", "samples")
 STATES = ("running", "completed", "failed", "diverged", "cancelled", "pruned")
+CHECKPOINT = "checkpoint.pt"
+RUN_FILES = ("status.json", "provenance.json", CHECKPOINT, *(f"{log}.jsonl" for log in LOGS))
+CHECKPOINT_FORMAT = 2  # {"format", "meta": JSON text, "tensors": {name: tensor}}
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be trusted or read; the message names the folder and the files."""
+
+
+class CheckpointError(RunFolderError):
+    """An unreadable checkpoint, or one of another run."""
+
+
+def pack(obj, tensors: dict) -> object:
+    """Nested state -> JSON-able data; each tensor moves into `tensors` and is replaced by a reference.
+    Tuples and dicts with non-string keys (optimizer state) are tagged so that `unpack` restores them."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        name = str(len(tensors))
+        tensors[name] = obj
+        return {"__tensor__": name}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and "__tensor__" not in obj and "__items__" not in obj:
+            return {k: pack(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[pack(k, tensors), pack(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [pack(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [pack(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"checkpoint state holds a {type(obj).__name__}; only tensors and plain data are stored")
+
+
+def unpack(data, tensors: dict):
+    """The inverse of `pack`."""
+    if isinstance(data, list):
+        return [unpack(v, tensors) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if "__tensor__" in data:
+        return tensors[data["__tensor__"]]
+    if "__tuple__" in data:
+        return tuple(unpack(v, tensors) for v in data["__tuple__"])
+    if "__items__" in data:
+        return {unpack(k, tensors): unpack(v, tensors) for k, v in data["__items__"]}
+    return {k: unpack(v, tensors) for k, v in data.items()}
 
 
 def atomic_write(path: Path, write) -> None:
@@ -86,7 +135,32 @@ class RunStore:
 
     def read_config(self) -> dict | None:
         p = self.path("config.yaml")
-        return yaml.safe_load(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            data = yaml.safe_load(p.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+            raise RunFolderError(f"{p}: unreadable run config ({str(err).splitlines()[0]}); the folder cannot "
+                                 f"be resumed safely: move it aside or pick another --out") from None
+        if not isinstance(data, dict):
+            raise RunFolderError(f"{p}: expected a mapping (the run's resolved config), got {type(data).__name__}")
+        return data
+
+    def claim(self, run: str) -> None:
+        """Check, before run `run` writes anything here, that the folder is its own: refuses another run's
+        folder, run files without a readable config.yaml, and a damaged or foreign checkpoint."""
+        existing = self.read_config()
+        if existing is None:
+            files = [n for n in RUN_FILES if self.path(n).exists()]
+            if files:
+                raise RunFolderError(f"{self.root}: holds run files ({', '.join(files)}) but no config.yaml, so "
+                                     f"whose they are is unknown; refusing to resume or overwrite them (move "
+                                     f"them aside, or pick another --out)")
+        elif existing.get("run_id") != run:
+            raise RunFolderError(f"{self.root} holds another run ({existing.get('run_id')}); refusing to "
+                                 f"overwrite it")
+        self.status()
+        self.load_checkpoint(run, mmap=True)
 
     def write_provenance(self, cfg: RunConfig, device: str) -> None:
         import torch  # here and in the checkpoint methods only: reading a run store needs no torch
@@ -106,7 +180,16 @@ class RunStore:
     # --- status ---
     def status(self) -> dict | None:
         p = self.path("status.json")
-        return json.loads(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            row = json.loads(p.read_text())
+        except (ValueError, OSError) as err:
+            raise RunFolderError(f"{p}: unreadable run status ({err}); move the file aside to resume the "
+                                 f"run from its checkpoint") from None
+        if not isinstance(row, dict) or row.get("state") not in STATES:
+            raise RunFolderError(f"{p}: not a run status (state must be one of {', '.join(STATES)})")
+        return row
 
     def set_status(self, state: str, step: int, error: str | None = None) -> None:
         assert state in STATES, state
@@ -132,16 +215,46 @@ class RunStore:
                 atomic_write(p, lambda f: f.write(keep.encode()))
 
     # --- checkpoint ---
-    def save_checkpoint(self, state: dict) -> None:
+    def save_checkpoint(self, state: dict, run: str | None = None) -> None:
+        """`state`: nested dicts/lists/tuples of tensors and plain values; `run` is the run id it belongs to."""
         import torch
 
-        atomic_write(self.path("checkpoint.pt"), lambda f: torch.save(state, f))
+        tensors: dict = {}
+        meta = json.dumps({"run_id": run, "state": pack(state, tensors)})
+        blob = {"format": CHECKPOINT_FORMAT, "meta": meta, "tensors": tensors}
+        atomic_write(self.path(CHECKPOINT), lambda f: torch.save(blob, f))
 
-    def load_checkpoint(self) -> dict | None:
-        p = self.path("checkpoint.pt")
+    def load_checkpoint(self, run: str | None = None, mmap: bool = False) -> dict | None:
+        """The saved state, or None without a checkpoint. Read with torch's tensor-only unpickler
+        (`weights_only=True`): nothing in the file is executed. With `run`, a checkpoint of another run id
+        is refused (CheckpointError); so is a damaged one, naming the file."""
+        import pickle
+
         import torch
 
-        return torch.load(p, weights_only=False) if p.exists() else None
+        p = self.path(CHECKPOINT)
+        if not p.exists():
+            return None
+        try:
+            blob = torch.load(p, weights_only=True, mmap=mmap, map_location="cpu")
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError) as err:
+            raise CheckpointError(f"{p}: not a readable checkpoint (truncated, or not written by ablate): "
+                                  f"{str(err).splitlines()[0][:300]}; move it aside to restart the run from "
+                                  f"step 0") from None
+        if not isinstance(blob, dict):
+            raise CheckpointError(f"{p}: not a checkpoint written by ablate (a {type(blob).__name__})")
+        if blob.get("format") == CHECKPOINT_FORMAT:
+            meta = json.loads(blob["meta"])
+            owner, state = meta["run_id"], unpack(meta["state"], blob["tensors"])
+        else:  # written before format 2: the same state dict, with the config instead of the run id
+            from ablate.config import hash_config
+
+            state = blob
+            owner = hash_config(blob["config"]) if isinstance(blob.get("config"), dict) else None
+        if run is not None and owner != run:
+            raise CheckpointError(f"{p}: checkpoint of run {owner}, not of run {run}; refusing to resume "
+                                  f"another run's weights (move it aside to restart from step 0)")
+        return state
 
 
 def _git_sha() -> str | None:

@@ -310,9 +310,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     from ablate.runs.tracking import open_mirrors
 
     store = RunStore(out_dir)
-    existing = store.read_config()
-    if existing is not None and existing.get("run_id") != run_id(cfg):
-        raise ValueError(f"{out_dir} holds another run ({existing.get('run_id')}); refusing to overwrite it")
+    store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
     status = store.status()
     if status and status["state"] in ("completed", "diverged", "pruned"):
         return status["state"]
@@ -351,7 +349,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     stream = PromptStream(len(train_set), cfg.seed)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
 
-    ckpt = store.load_checkpoint()
+    ckpt = store.load_checkpoint(run_id(cfg))
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
         policy.module.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -375,7 +373,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
-            "since_eval": since_eval, "config": to_dict(cfg)})
+            "since_eval": since_eval, "config": to_dict(cfg)}, run_id(cfg))
 
     with bar, preemption.guard(save_checkpoint):
         while step < cfg.steps:
