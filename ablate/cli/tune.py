@@ -80,6 +80,7 @@ def launch(spec, executor: str | None = None, workers: int | None = None, profil
     folder = spec.out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     L._importable()
     if executor == "slurm":
+        L.check_sbatch_text(spec.source, "out (the runs root)", folder)
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         ex.update_parameters(name=spec.name, timeout_min=spec.executor.get("timeout_min", 60),
                              slurm_array_parallelism=workers)

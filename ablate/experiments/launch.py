@@ -16,14 +16,16 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
+import unicodedata
 from pathlib import Path
+from typing import Any
 
 import submitit
-import yaml
 
 from ablate.experiments.sweep import RunSpec, SpecError, Sweep
 from ablate.runs.store import RunStore, atomic_write
@@ -231,12 +233,30 @@ def slurm_minutes(value: int | str) -> int:
     return int(days) * 1440 + h * 60 + m + (s > 0)
 
 
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def control_chars(text: str) -> list[str]:
+    """The control characters (newline, tab, NUL, ...) in `text`, as escapes: the batch script is line based,
+    so any of them in a value that reaches it could end an `#SBATCH` line and start a command."""
+    return sorted({repr(c) for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+
+
+def check_sbatch_text(where: str, key: str, value: Any) -> None:
+    """SpecError naming `where` and `key` when a value that goes into the batch script holds control
+    characters (every other value is quoted by submitit, and setup lines are the profile's own shell)."""
+    bad = control_chars(str(value))
+    if bad:
+        raise SpecError(f"{where}: {key}: {value!r} holds control characters ({', '.join(bad)}); values that reach "
+                        f"the SLURM batch script must be one printable line")
+
+
 def load_profile(path: str | Path) -> dict:
     """A SLURM profile YAML -> submitit AutoExecutor parameters. Errors name the file and the key."""
+    from ablate.experiments.sweep import read_spec_file
+
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such SLURM profile")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_spec_file(path, "SLURM profile") or {}
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of {', '.join(PROFILE_KEYS)}")
     for k, v in data.items():
@@ -244,6 +264,17 @@ def load_profile(path: str | Path) -> dict:
             raise SpecError(f"{path}: {k}: unknown key; valid keys: {', '.join(PROFILE_KEYS)}")
         if not isinstance(v, PROFILE_KEYS[k]) or isinstance(v, bool):
             raise SpecError(f"{path}: {k}: wrong type {v!r}")
+    for k, v in data.items():  # nothing that reaches the batch script may break a line
+        entries = ([(f"{k}.{a}", a, b) for a, b in v.items()] if isinstance(v, dict) else
+                   [(f"{k}[{i}]", None, b) for i, b in enumerate(v)] if isinstance(v, list) else [(k, None, v)])
+        for key, sub, item in entries:
+            if k == "setup" and not isinstance(item, str) or k == "additional" and not isinstance(
+                    item, (str, int, float, bool)):
+                raise SpecError(f"{path}: {key}: expected a {'string' if k == 'setup' else 'scalar'}, got {item!r}")
+            check_sbatch_text(str(path), key, item)
+            if k == "additional" and not _SBATCH_KEY.fullmatch(str(sub)):
+                raise SpecError(f"{path}: additional: {sub!r} is not an sbatch option name (letters, digits, "
+                                f"'-' and '_', without the leading dashes)")
     try:
         time_min = slurm_minutes(data["time"]) if "time" in data else None
     except (ValueError, KeyError):
@@ -297,6 +328,8 @@ def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, sett
     sbatch refuses, e.g. a partition the cluster does not have."""
     from ablate.config import to_dict
 
+    check_sbatch_text(sweep.source, "name", sweep.name)
+    check_sbatch_text(sweep.source, "out (the runs root)", folder)
     ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
     ex.update_parameters(name=sweep.name, timeout_min=settings.get("timeout_min", 60),
                          slurm_array_parallelism=settings.get("max_parallel", len(todo)),

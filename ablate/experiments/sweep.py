@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import typing
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,8 @@ def read_spec_file(path: Path, kind: str) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def load_spec(path: str | Path) -> Sweep:
@@ -138,8 +141,9 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
     for k in raw:
         need(k in TOP_KEYS, str(k), f"unknown key; valid keys: {', '.join(TOP_KEYS)}")
     name = raw.get("name")
-    need(isinstance(name, str) and name.strip() != "" and "/" not in name, "name",
-         "required: a non-empty string without '/'")
+    need(isinstance(name, str) and name.strip() != "" and "/" not in name
+         and not any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name), "name",
+         "required: a non-empty string without '/' or control characters (newline, tab, ...)")
     for k in ("description", "slurm_profile", "out"):
         need(raw.get(k) is None or isinstance(raw[k], str), k, f"expected a string, got {raw.get(k)!r}")
 
