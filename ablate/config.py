@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -321,6 +322,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")
     check(r.minibatches <= cfg.samples_per_step,
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
+    for name, value in _numbers(cfg):
+        check(math.isfinite(value), f"{name} must be a finite number, got {value}")
+    check(cfg.seed >= 0 and t.seed >= 0, "seed and task.seed must be >= 0")
     check(cfg.steps >= 1, "steps must be >= 1")
     check(cfg.checkpoint_every >= 0, "checkpoint_every must be >= 0")
     check(o.lr > 0, "optim.lr must be > 0")
@@ -348,6 +352,16 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
+
+
+def _numbers(section, prefix: str = ""):
+    """(dotted name, value) of every float field (NaN and infinity parse as floats)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numbers(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float):
+            yield f"{prefix}{f.name}", value
 
 
 def hash_config(data: dict) -> str:

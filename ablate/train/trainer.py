@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ablate.config import RecipeConfig, RunConfig, run_id, to_dict
 from ablate.rl import losses, stats
 from ablate.rl.advantages import compute_advantages
+from ablate.rl.divergence import Diverged, check_finite, check_parameters, overflow_is_divergence
 from ablate.rl.rewards import format_weight_at, overlong_penalty
 from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
@@ -29,11 +30,6 @@ from ablate.tasks import make_task
 from ablate.tasks.base import Problem
 from ablate.train import preemption
 from ablate.train.rollout import LMPolicy
-
-
-class Diverged(RuntimeError):
-    """The loss became NaN or infinite."""
-
 
 # --- set-up -----------------------------------------------------------------------------------------
 
@@ -199,6 +195,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             sub = batch.rollout.select(idx)
             mask = loss_mask[idx]
             logits = policy.logits(sub) / r.temperature                         # [n, T, V]
+            check_finite("logits", logits)
             logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
             old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
             loss_policy, clip = losses.policy_loss(
@@ -221,7 +218,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
-            optimizer.step()
+            check_finite("gradient norm", grad_norm)
+            with overflow_is_divergence("optimizer step"):
+                optimizer.step()
             row = {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": entropy,
                    "grad_norm": grad_norm, **clip}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
@@ -323,6 +322,10 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
         store.set_status("running", (status or {}).get("step", 0))
         state = _train(cfg, store, device, progress, should_prune)
         return state
+    except Diverged as err:  # found outside the update (sampling, evaluation): the step in flight diverged
+        state = "diverged"
+        store.set_status("diverged", (store.status() or {}).get("step", 0) + 1, str(err))
+        return state
     except BaseException as err:
         if isinstance(err, SystemExit) and preemption.checkpointed_for_requeue():
             state = "running"  # the scheduler requeues the job; it resumes from the checkpoint just saved
@@ -404,6 +407,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 # 4. update
                 try:
                     up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
+                    check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
