@@ -115,13 +115,14 @@ class Batch:
 
 def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int, fmt_weight: float):
     """[B, group] tensors: total task reward (verifier + fmt_weight * format + overlong) and its components."""
-    texts = rollout.texts
-    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)])
-    fmt = torch.tensor([task.format_score(t) for t in texts]) if r.format_weight else torch.zeros(len(texts))
+    texts, f64 = rollout.texts, torch.float64  # float64: a reward offset must cancel exactly in r - baseline
+    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)], dtype=f64)
+    fmt = torch.tensor([task.format_score(t) for t in texts], dtype=f64) if r.format_weight \
+        else torch.zeros(len(texts), dtype=f64)
     if r.overlong == "soft_penalty":
-        over = overlong_penalty(rollout.lengths.cpu(), r.max_new_tokens, r.overlong_buffer, r.overlong_factor)
+        over = overlong_penalty(rollout.lengths.cpu(), r.max_new_tokens, r.overlong_buffer, r.overlong_factor).to(f64)
     else:
-        over = torch.zeros(len(texts))
+        over = torch.zeros(len(texts), dtype=f64)
     shape = (len(problems), group)
     total = correct + fmt_weight * fmt + over
     return total.view(shape), correct.view(shape), fmt.view(shape), over.view(shape)
@@ -402,7 +403,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 t2 = time.perf_counter()
                 # 3. advantages, one per completion, broadcast to its tokens
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
-                                         greedy_rewards=greedy).flatten().to(mask.device)
+                                         greedy_rewards=greedy).flatten().to(mask.device, mask.dtype)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # 4. update
                 try:
