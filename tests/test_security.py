@@ -75,5 +75,5 @@ def test_checkpoint_is_tensors_plus_json_and_resumes(tmp_path):
     blob = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert set(blob) == {"format", "meta", "tensors"}
     meta = json.loads(blob["meta"])
-    assert meta["run_id"] == run_id(cfg) and meta["state"]["step"] == 3
+    assert meta["run_id"] == run_id(cfg) and meta["state"]["step"] == 6  # the final step's is kept
     assert all(isinstance(t, torch.Tensor) for t in blob["tensors"].values())

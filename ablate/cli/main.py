@@ -35,6 +35,26 @@ def train(
     raise typer.Exit(0 if state == "completed" else 1)
 
 
+@app.command("export")
+def export_cmd(
+    run_dir: Path = typer.Argument(..., help="a run folder (holds config.yaml and checkpoint.pt)"),
+    out: Path = typer.Option(..., "--out", help="empty or new folder for the Hugging Face model"),
+):
+    """Write a run's final weights as a Hugging Face model folder (from_pretrained loads it)."""
+    from ablate.config import ConfigError
+    from ablate.runs.store import RunFolderError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.train.export import export
+
+    try:
+        info = export(run_dir, out)
+    except (ConfigError, RunFolderError) as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"exported run {info['run_id']} at step {info['step']}/{info['steps']} ({info['state']}) -> {out}")
+
+
 @app.command("base-model")
 def base_model(
     out: Path = typer.Option(Path("models/tiny-arith"), "--out", help="folder to write the model into"),

@@ -174,7 +174,21 @@ class RunStore:
             "device": device, "host": socket.gethostname(), "seed": cfg.seed, "run_id": run_id(cfg),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "resumed_from_steps": self.provenance().get("resumed_from_steps", []),  # kept across restarts
         }
+        atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
+
+    def provenance(self) -> dict:
+        p = self.path("provenance.json")
+        try:
+            return json.loads(p.read_text()) if p.exists() else {}
+        except (ValueError, OSError):
+            return {}
+
+    def note_resume(self, step: int) -> None:
+        """Record in provenance.json that this start resumed from the checkpoint of `step`."""
+        info = self.provenance()
+        info["resumed_from_steps"] = [*info.get("resumed_from_steps", []), step]
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 
     # --- status ---

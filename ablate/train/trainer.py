@@ -362,6 +362,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
                                                              ("stream", "step", "counters", "wall", "since_eval"))
         store.truncate_after(step)
+        store.note_resume(step)
     else:
         store.truncate_after(-1)
         log_eval(store, 0, *evaluate(policy, task, heldout, cfg, tokenizer), None)
@@ -439,8 +440,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                         store.set_status("pruned", step)
                         return "pruned"
                 store.set_status("running", step)
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                    save_checkpoint()
+                if step == cfg.steps or cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    save_checkpoint()  # always the last step's: a completed run keeps its final weights
                 bar.update(bar_task, completed=step,
                            description=f"reward {row['train/reward_mean']:.3f} dead {row['train/dead_group_frac']:.2f}")
     store.set_status("completed", step)
