@@ -44,3 +44,39 @@ def test_truncated_checkpoint_is_named(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(CheckpointError, match=r"checkpoint\.pt: not a readable checkpoint"):
         trainer.train(cfg, str(tmp_path), progress=False)
+
+
+def corrupt_line(path, lineno):
+    lines = path.read_text().splitlines(keepends=True)
+    lines[lineno - 1] = lines[lineno - 1][:20] + "\n"
+    path.write_text("".join(lines))
+
+
+def test_corrupt_log_line_is_reported_and_resume_refuses_to_rewrite(tmp_path, monkeypatch):
+    from conftest import crash_training_at
+
+    cfg = toy("steps=8", "checkpoint_every=4")
+    crash_training_at(monkeypatch, cfg, tmp_path, step=6)
+    corrupt_line(tmp_path / "metrics.jsonl", 3)
+    before = snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=r"metrics\.jsonl:3: corrupt line"):
+        RunStore(tmp_path).read("metrics")
+    with pytest.raises(RunFolderError, match=r"metrics\.jsonl:3: corrupt line"):
+        trainer.train(cfg, str(tmp_path), progress=False)
+    assert snapshot(tmp_path) == before  # nothing rewritten, no row dropped
+
+
+def test_load_runs_and_report_name_the_corrupt_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from ablate.analysis.load import read_run
+    from ablate.cli.main import app
+
+    run_dir = tmp_path / "run"
+    assert trainer.train(toy("steps=6", "eval.every=2"), str(run_dir), progress=False) == "completed"
+    corrupt_line(run_dir / "evals.jsonl", 2)
+    with pytest.raises(RunFolderError, match=r"evals\.jsonl:2"):
+        read_run(run_dir, cache=False)
+    res = CliRunner().invoke(app, ["report", str(run_dir), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and "evals.jsonl:2: corrupt line" in res.output
+    assert not (tmp_path / "r.html").exists()

@@ -27,10 +27,15 @@ def train(
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.runs.store import RunFolderError
     from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
-    state = run_train(cfg, str(out), progress=not quiet)
+    try:
+        state = run_train(cfg, str(out), progress=not quiet)
+    except RunFolderError as err:  # refused before anything was written: the folder is not this run's
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"{state}: {out}")
     raise typer.Exit(0 if state == "completed" else 1)
 

@@ -10,7 +10,7 @@
                       torch's tensor-only loader, so a crafted file in a shared folder cannot run code
 
 Appends are line-buffered so a crash loses at most the step in flight; readers skip a half-written
-last line. Files that are replaced (config, status, checkpoint) are written to a temporary file and
+last line (and report any other damaged line with its file and line number). Files that are replaced (config, status, checkpoint) are written to a temporary file and
 renamed, so a reader never sees a partial one.
 """
 
@@ -92,15 +92,29 @@ def atomic_write(path: Path, write) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """All complete lines; a torn last line (crash mid-write) is skipped."""
+    """All rows. Only a torn last line (a crash mid-write: no newline yet) is skipped; any other line that is
+    not a JSON object raises RunFolderError naming the file and the line, so no row is ever dropped silently."""
     if not path.exists():
         return []
+    *lines, tail = path.read_bytes().split(b"\n")
     rows = []
-    for line in path.read_text().splitlines():
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # a blank line holds no row
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+            row = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RunFolderError(f"{path}:{i}: corrupt line ({err}); only a torn last line is tolerated. Repair "
+                                 f"or remove the line (the run is otherwise complete up to it)") from None
+        if not isinstance(row, dict):
+            raise RunFolderError(f"{path}:{i}: expected a JSON object per line, got {line[:60]!r}")
+        rows.append(row)
+    try:
+        row = json.loads(tail) if tail.strip() else None
+        if isinstance(row, dict):
+            rows.append(row)  # complete, only its newline is missing
+    except (ValueError, UnicodeDecodeError):
+        pass  # torn by a crash mid-write: the step it belonged to is redone on resume
     return rows
 
 
@@ -160,6 +174,8 @@ class RunStore:
             raise RunFolderError(f"{self.root} holds another run ({existing.get('run_id')}); refusing to "
                                  f"overwrite it")
         self.status()
+        for log in LOGS:  # a damaged log is reported here, before a resume would rewrite it
+            self.read(log)
         self.load_checkpoint(run, mmap=True)
 
     def write_provenance(self, cfg: RunConfig, device: str) -> None:
