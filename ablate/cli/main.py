@@ -11,6 +11,20 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Ablation studies of RLVR recipes.")
 
 
+def out_problem(out: Path, flag: str) -> str | None:
+    """Why `out` cannot be a folder to write into (empty, a file, not writable, a sweep root), or None."""
+    if str(out).strip() in ("", "."):
+        return f"{flag} {str(out)!r}: give a folder (an empty value would write into the current folder)"
+    if out.exists() and not out.is_dir():
+        return f"{flag} {out}: is a file, not a folder"
+    if (out / "manifest.json").exists() and flag == "--out":
+        return f"{flag} {out}: is a sweep's runs root (holds manifest.json); a run goes into a folder of its own"
+    parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag} {out}: {parent} is not writable"
+    return None
+
+
 @app.command()
 def train(
     config: Path = typer.Argument(..., help="YAML run config"),
@@ -31,9 +45,13 @@ def train(
     from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
+    problem = out_problem(out, "--out")
+    if problem:
+        typer.secho(f"error: {problem}", fg="red", err=True)
+        raise typer.Exit(2)
     try:
         state = run_train(cfg, str(out), progress=not quiet)
-    except RunFolderError as err:  # refused before anything was written: the folder is not this run's
+    except (RunFolderError, ConfigError) as err:  # refused before anything was written
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"{state}: {out}")

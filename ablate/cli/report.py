@@ -31,6 +31,13 @@ def report(
     """Build the report; prints the headline and warnings."""
     from ablate.analysis.report import build_report, report_json
 
+    if reps < 1:
+        typer.secho(f"error: --reps {reps}: expected an integer >= 1 (bootstrap replicates)", fg="red", err=True)
+        raise typer.Exit(2)
+    if ci not in ("t", "percentile", "bca") or x not in ("steps", "samples", "tokens", "wall"):
+        typer.secho(f"error: --ci {ci!r} / --x {x!r}: allowed values: --ci t, percentile, bca; "
+                    f"--x steps, samples, tokens, wall", fg="red", err=True)
+        raise typer.Exit(2)
     missing = [str(p) for p in runs if not p.exists()]
     if missing:
         typer.secho(f"error: no such folder: {', '.join(missing)}", fg="red", err=True)

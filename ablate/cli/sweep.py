@@ -31,7 +31,14 @@ def _load(spec: Path, out: Path | None = None):
     for w in caught:
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
     if out is not None:
+        if str(out).strip() in ("", "."):
+            typer.secho(f"error: --out {str(out)!r}: give a folder (an empty value would use the current one)",
+                        fg="red", err=True)
+            raise typer.Exit(2)
         sweep.out = out
+    if sweep.out.exists() and not sweep.out.is_dir():
+        typer.secho(f"error: {spec}: out: {sweep.out} is a file, not a folder", fg="red", err=True)
+        raise typer.Exit(2)
     return sweep, runs
 
 
@@ -53,9 +60,15 @@ def plan(spec: Path = typer.Argument(..., help="sweep spec YAML"),
          out: Path | None = typer.Option(None, "--out", help="runs root (default: the spec's `out`)")):
     """Print every run of the sweep (id, toggles, seed); submits nothing."""
     from ablate.experiments.launch import MANIFEST, sweep_status
+    from ablate.experiments.sweep import SpecError
+    from ablate.runs.store import RunFolderError
 
     sweep, runs = _load(spec, out)
-    states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
+    try:
+        states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
+    except (SpecError, RunFolderError) as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
     console.print(plan_table(runs, states))
     console.print(f"runs root: {sweep.out}")
 
@@ -76,9 +89,11 @@ def run(spec: Path = typer.Argument(..., help="sweep spec YAML"),
         raise typer.Exit(2)
     sweep, runs = _load(spec, out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.runs.store import RunFolderError
+
     try:
         res = launch(sweep, runs, executor, profile, max_parallel, view=None if quiet else SweepView)
-    except SpecError as err:
+    except (SpecError, RunFolderError) as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
     console.print(f"{len(runs)} runs: {len(res['submitted'])} submitted, {len(res['skipped'])} already finished, "
@@ -101,10 +116,12 @@ def status(runs_dir: Path = typer.Argument(..., help="the sweep's runs root (hol
            as_json: bool = typer.Option(False, "--json", help="machine-readable rows")):
     """Counts and per-run state (run store + scheduler)."""
     from ablate.experiments.launch import stale_runs, sweep_status
+    from ablate.experiments.sweep import SpecError
+    from ablate.runs.store import RunFolderError
 
     try:
         rows = sweep_status(runs_dir)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, SpecError, RunFolderError) as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
     if as_json:

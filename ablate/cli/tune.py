@@ -194,6 +194,11 @@ def status(spec: Path = typer.Argument(..., help="search spec YAML"),
            as_json: bool = typer.Option(False, "--json", help="machine-readable summary")):
     """Best trial (and a sweep snippet reproducing it), trials by state, parameter importances."""
     s = _load(spec, out, storage)
+    prefix = next((p for p in ("sqlite:///", "journal:") if s.storage.startswith(p)), None)
+    if prefix and not Path(s.storage[len(prefix):]).exists():  # opening it would create an empty study database
+        typer.secho(f"error: no study {s.name!r}: {s.storage[len(prefix):]} does not exist (run `ablate tune "
+                    f"{spec}` first)", fg="red", err=True)
+        raise typer.Exit(2)
     try:
         if as_json:
             typer.echo(json.dumps(summary(s), indent=1, default=str))

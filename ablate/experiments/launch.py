@@ -102,7 +102,16 @@ def _importable() -> None:
 
 def read_manifest(out: str | Path) -> dict | None:
     p = Path(out) / MANIFEST
-    return json.loads(p.read_text()) if p.exists() else None
+    if not p.exists():
+        return None
+    try:
+        m = json.loads(p.read_text())
+    except (ValueError, OSError) as err:
+        raise SpecError(f"{p}: unreadable sweep manifest ({err}); move it aside and rerun `ablate sweep run` "
+                        f"(run folders are the source of truth: finished runs are kept)") from None
+    if not isinstance(m, dict) or not isinstance(m.get("runs"), dict):
+        raise SpecError(f"{p}: not a sweep manifest (expected a mapping with `runs`)")
+    return m
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
@@ -301,6 +310,10 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     params = load_profile(profile or sweep.slurm_profile) if name == "slurm" and (profile or sweep.slurm_profile) else {}
     if name != "slurm" and profile:
         load_profile(profile)  # still refuse a missing/bad profile
+    other = read_manifest(out)
+    if other is not None and other.get("name") not in (None, sweep.name):
+        raise SpecError(f"{sweep.source}: out: {out} is the runs root of another sweep ({other.get('name')!r}); "
+                        f"refusing to mark its runs stale (pick another --out)")
     m = _manifest_for(sweep, runs)
     now = {r["run_id"]: r["state"] for r in (sweep_status(out) if (out / MANIFEST).exists() else [])}
     todo = [r for r in runs if now.get(r.run_id, "missing") in RESUBMIT]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate.config import RecipeConfig, RunConfig, run_id, to_dict
+from ablate.config import ConfigError, RecipeConfig, RunConfig, run_id, to_dict
 from ablate.rl import losses, stats
 from ablate.rl.advantages import compute_advantages
 from ablate.rl.divergence import Diverged, check_finite, check_parameters, overflow_is_divergence
@@ -36,6 +36,9 @@ from ablate.train.rollout import LMPolicy
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' but this machine has no usable CUDA device; allowed values: 'auto' "
+                          "(CUDA when there is one), 'cpu'")
     return torch.device(name)
 
 
@@ -310,6 +313,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     from ablate.runs.tracking import open_mirrors
 
     store = RunStore(out_dir)
+    resolve_device(cfg.device)  # before anything is written: cuda without CUDA is a ConfigError
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
     status = store.status()
     if status and status["state"] in ("completed", "diverged", "pruned"):
