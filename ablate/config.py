@@ -8,8 +8,11 @@ config. Presets are plain bundles of `recipe.*` values applied before the user's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -178,6 +181,47 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# --- YAML -----------------------------------------------------------------------------------------
+
+MAX_ALIASES = 100  # a config needs a handful; a "billion laughs" file needs thousands
+
+
+class StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses duplicate keys (YAML would keep the last silently) and caps alias expansion."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases = getattr(self, "aliases", 0) + 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name): refusing to expand")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.YAMLError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}); "
+                                     f"YAML would silently keep only the last value")
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path, error=None):
+    """A YAML file through StrictLoader; any failure (missing, not UTF-8, bad YAML, duplicate keys, alias bomb)
+    raises `error` (default ConfigError) naming the file."""
+    error = error or ConfigError
+    try:
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=StrictLoader)
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise error(f"{path}: not valid YAML: {e}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read: {e.strerror}") from None
+
+
 # --- strict parsing ----------------------------------------------------------------------------
 
 def _where(source: str | None, path: str) -> str:
@@ -257,7 +301,7 @@ def parse(data: dict, source: str | None = None) -> RunConfig:
     data = json.loads(json.dumps(data))  # deep copy, and rejects non-plain values early
     preset = data.get("preset")
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(f"{_where(source, 'preset')}: unknown preset {preset!r}; allowed values: "
                               + ", ".join(PRESETS))
         data["recipe"] = {**PRESETS[preset], **(data.get("recipe") or {})}
@@ -266,9 +310,34 @@ def parse(data: dict, source: str | None = None) -> RunConfig:
     return cfg
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, item: str | None = None) -> Any:
     """A `--set key=value` value, read as YAML so numbers, booleans, lists and null work."""
-    return yaml.safe_load(text)
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item or text!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
+
+
+def check_override(dotted: str, value: Any, source: str | None = None) -> None:
+    """One `--set` key and value against the RunConfig fields: errors blame --set (over `source`, the file)."""
+    where = f"--set {dotted}={value!r}" + (f" over {source}" if source else "")
+    if dotted == "preset":
+        if value is not None and (not isinstance(value, str) or value not in PRESETS):
+            raise ConfigError(f"{where}: unknown preset; allowed values: {', '.join(PRESETS)}")
+        return
+    tp: Any = RunConfig
+    for i, part in enumerate(dotted.split(".")):
+        names = [f.name for f in dataclasses.fields(tp)]
+        if part not in names:
+            raise ConfigError(f"{where}: {'.'.join(dotted.split('.')[:i + 1])}: unknown key; valid keys here: "
+                              + ", ".join(names))
+        tp = typing.get_type_hints(tp)[part]
+        if not dataclasses.is_dataclass(tp) and i < len(dotted.split(".")) - 1:
+            raise ConfigError(f"{where}: {part} is a value, not a section")
+    if dataclasses.is_dataclass(tp) and not isinstance(value, dict):
+        raise ConfigError(f"{where}: {dotted} is a section; set one of its keys: "
+                          + ", ".join(f"{dotted}.{f.name}" for f in dataclasses.fields(tp)))
+    coerce(value, tp, dotted, "--set")
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -276,17 +345,19 @@ def load(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    data = read_yaml(path)
+    if data is None:
+        raise ConfigError(f"{path}: empty config; write at least the keys you mean (e.g. `preset: grpo`), "
+                          f"or `{{}}` for every default")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value")
-        set_dotted(data, key.strip(), parse_value(value))
+        value = parse_value(value, item)
+        check_override(key.strip(), value, str(path))
+        set_dotted(data, key.strip(), value)
     return parse(data, source=str(path))
 
 
@@ -327,6 +398,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")
     check(r.minibatches <= cfg.samples_per_step,
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
+    for name, value in _numbers(cfg):
+        check(math.isfinite(value), f"{name} must be a finite number, got {value}")
+    check(cfg.seed >= 0 and t.seed >= 0, "seed and task.seed must be >= 0")
     check(cfg.steps >= 1, "steps must be >= 1")
     check(cfg.checkpoint_every >= 0, "checkpoint_every must be >= 0")
     check(o.lr > 0, "optim.lr must be > 0")
@@ -356,9 +430,85 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
         check(r.overlong == "none", "task.name='toy_addition' has fixed-length answers: recipe.overlong must be 'none'")
+    problems += resource_problems(cfg)
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
+
+
+def resource_problems(cfg: RunConfig) -> list[str]:
+    """The model folder, data files and dataset name a run needs, checked before anything is written."""
+    t, out = cfg.task, []
+    if t.name != "toy_addition":
+        out += _model_problem(cfg.model.path)
+    for key in ("path", "heldout_path"):
+        if t.name == "jsonl" and getattr(t, key):
+            out += _file_problem(f"task.{key}", getattr(t, key))
+    if t.name == "reasoning_gym" and t.dataset:
+        out += _dataset_problem(t.dataset)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _model_problem(path: str) -> list[str]:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return [] if (p / "config.json").is_file() else [f"model.path: {path} has no config.json (not a Hugging "
+                                                          f"Face model folder)"]
+    if p.exists():
+        return [f"model.path: {path} is a file; expected a model folder or a hub id"]
+    hub_id = path.count("/") <= 1 and not path.startswith((".", "/", "~")) and path.strip() == path and path
+    if not hub_id:
+        return [f"model.path: no such folder: {path}"]
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return [f"model.path: no such folder {path!r}, and no hub model of that id in the local cache "
+                    f"(HF_HUB_OFFLINE=1: download it first, or build the local one with `ablate base-model`)"]
+    return []
+
+
+@functools.lru_cache(maxsize=256)
+def _file_problem(key: str, path: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        return [f"{key}: no such file: {path}"]
+    return [] if p.stat().st_size > 0 else [f"{key}: {path} is empty (no rows)"]
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset_problem(name: str) -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    if name in DATASETS:
+        return []
+    near = [d for d in DATASETS if name.lower() in d or d in name.lower()][:8] or sorted(DATASETS)[:8]
+    return [f"task.dataset: {name!r} is not a reasoning_gym dataset; e.g. {', '.join(near)} "
+            f"({len(DATASETS)} in all: reasoning_gym.factory.DATASETS)"]
+
+
+def _numbers(cfg: RunConfig):
+    """(dotted name, value) of every float field (NaN and infinity parse as floats)."""
+    for name in _float_fields():
+        value = cfg
+        for part in name.split("."):
+            value = getattr(value, part)
+        if isinstance(value, float):
+            yield name, value
+
+
+@functools.cache
+def _float_fields(cls: type | None = None, prefix: str = "") -> tuple[str, ...]:
+    """Dotted names of the fields that may hold a float (annotations float or float | None)."""
+    out = []
+    for f in dataclasses.fields(cls or RunConfig):
+        tp = typing.get_type_hints(cls or RunConfig)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += _float_fields(tp, f"{prefix}{f.name}.")
+        elif tp is float or float in typing.get_args(tp):
+            out.append(f"{prefix}{f.name}")
+    return tuple(out)
 
 
 def hash_config(data: dict) -> str:

@@ -90,11 +90,13 @@ def test_kill9_worker_is_failed_and_rerun_resubmits_only_it(tmp_path):
 
 
 def test_run_that_raises_is_failed_with_traceback(tmp_path):
+    (tmp_path / "no-such-model").mkdir()  # passes validation (a folder with a config.json), fails to load
+    (tmp_path / "no-such-model" / "config.json").write_text("{}")
     sweep = parse_spec({"name": "bad", "base": {"config": str(Path("configs/quickstart.yaml").resolve()),
                                                  "overrides": {"model.path": str(tmp_path / "no-such-model"),
                                                                "steps": 1, "tracking.wandb.mode": "disabled"}},
                         "out": str(tmp_path / "runs")}, "bad.yaml", Path("."))
-    runs = expand(sweep)  # valid config: it only fails when the worker loads the model
+    runs = expand(sweep)  # valid config: it only fails when the worker loads the (broken) model
     launch(sweep, runs, poll_s=0.2)
     (row,) = sweep_status(sweep.out)
     assert row["state"] == "failed" and row["scheduler"] == "FAILED"

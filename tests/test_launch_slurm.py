@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from conftest import SLURM_START_HINT
 from typer.testing import CliRunner
@@ -224,8 +223,9 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
     assert rows[run.run_id]["job_id"] == job_id  # the same task, requeued: no new submission
     assert metric_steps(run_dir) == list(range(1, steps + 1))  # each step exactly once
     assert [r["step"] for r in RunStore(run_dir).read("evals")] == [0, steps]
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert 0 < ckpt["step"] < steps  # saved at a step boundary mid-run, by the warning (no scheduled checkpoints)
+    resumed = json.loads((run_dir / "provenance.json").read_text())["resumed_from_steps"]
+    assert resumed and 0 < resumed[0] < steps  # saved at a step boundary mid-run, by the warning (no scheduled
+    assert RunStore(run_dir).load_checkpoint()["step"] == steps  # checkpoints); the final one is kept
     log = "".join((sweep.out / job["folder"] / f"{job_id}_0_log.{ext}").read_text() for ext in ("err", "out"))
     assert "Caught signal SIGUSR2" in log and "timed-out" in log, log[-3000:]
     assert "Exiting gracefully after preemption/timeout" in log

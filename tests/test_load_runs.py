@@ -1,7 +1,10 @@
 """ablate.load_runs reads run folders back into a tidy frame."""
 
+import pytest
+
 import ablate
 from ablate.config import load
+from ablate.runs.store import RunFolderError
 from ablate.train.trainer import train
 
 
@@ -38,7 +41,8 @@ def test_read_log_edge_cases(tmp_path):
     p.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": 2}')  # a complete last line without newline is kept
     assert read_log(p).to_pydict() == {"step": [1, 2], "a": [1.0, 2.0]}
 
-    p.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": oops}\n{"step": 3, "a": 3}\n')  # corrupt middle line
-    assert read_log(p).to_pydict() == {"step": [1, 3], "a": [1.0, 3.0]}
+    p.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": oops}\n{"step": 3, "a": 3}\n')  # corrupt middle line:
+    with pytest.raises(RunFolderError, match=r"metrics\.jsonl:2: corrupt line"):  # reported, never dropped
+        read_log(p)
 
     assert read_log(tmp_path / "absent.jsonl").num_rows == 0

@@ -28,6 +28,20 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Ablation studies of RLVR recipes."""
 
 
+def out_problem(out: Path, flag: str) -> str | None:
+    """Why `out` cannot be a folder to write into (empty, a file, not writable, a sweep root), or None."""
+    if str(out).strip() in ("", "."):
+        return f"{flag} {str(out)!r}: give a folder (an empty value would write into the current folder)"
+    if out.exists() and not out.is_dir():
+        return f"{flag} {out}: is a file, not a folder"
+    if (out / "manifest.json").exists() and flag == "--out":
+        return f"{flag} {out}: is a sweep's runs root (holds manifest.json); a run goes into a folder of its own"
+    parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag} {out}: {parent} is not writable"
+    return None
+
+
 @app.command(cls=Command)
 def train(
     config: ConfigArg,
@@ -44,12 +58,38 @@ def train(
     except ConfigError as err:
         fail(str(err))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.runs.store import RunFolderError
     from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
-    state = run_train(cfg, str(out), progress=not quiet)
+    problem = out_problem(out, "--out")
+    if problem:
+        fail(f"{problem}")
+    try:
+        state = run_train(cfg, str(out), progress=not quiet)
+    except (RunFolderError, ConfigError) as err:  # refused before anything was written
+        fail(f"{err}")
     typer.echo(f"{state}: {out}")
     raise typer.Exit(0 if state == "completed" else 1)
+
+
+@app.command("export", cls=Command)
+def export_cmd(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", show_default=False, help="a run folder (holds config.yaml and checkpoint.pt)"),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="empty or new folder for the Hugging Face model"),
+):
+    """Write a run's final weights as a Hugging Face model folder (from_pretrained loads it)."""
+    from ablate.config import ConfigError
+    from ablate.runs.store import RunFolderError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.train.export import export
+
+    try:
+        info = export(run_dir, out)
+    except (ConfigError, RunFolderError) as err:
+        fail(f"{err}")
+    typer.echo(f"exported run {info['run_id']} at step {info['step']}/{info['steps']} ({info['state']}) -> {out}")
 
 
 @app.command("base-model", cls=Command)

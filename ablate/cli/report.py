@@ -43,6 +43,11 @@ def report(
     """Build the report; prints the headline and warnings."""
     from ablate.analysis.report import build_report, report_json
 
+    if reps < 1:
+        fail(f"--reps {reps}: expected an integer >= 1 (bootstrap replicates)")
+    if ci not in ("t", "percentile", "bca") or x not in ("steps", "samples", "tokens", "wall"):
+        fail(f"--ci {ci!r} / --x {x!r}: allowed values: --ci t, percentile, bca; "
+                    f"--x steps, samples, tokens, wall")
     missing = [str(p) for p in runs if not p.exists()]
     if missing:
         fail(f"no such folder: {', '.join(missing)}")

@@ -42,7 +42,11 @@ def _load(spec: Path, out: Path | None = None):
     for w in caught:
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
     if out is not None:
+        if str(out).strip() in ("", "."):
+            fail(f"--out {str(out)!r}: give a folder (an empty value would use the current one)")
         sweep.out = out
+    if sweep.out.exists() and not sweep.out.is_dir():
+        fail(f"{spec}: out: {sweep.out} is a file, not a folder")
     return sweep, runs
 
 
@@ -63,9 +67,14 @@ def plan_table(runs, states: dict[str, str] | None = None) -> Table:
 def plan(spec: SweepSpec, out: RunsRoot = None):
     """Print every run of the sweep (id, toggles, seed); submits nothing."""
     from ablate.experiments.launch import MANIFEST, sweep_status
+    from ablate.experiments.sweep import SpecError
+    from ablate.runs.store import RunFolderError
 
     sweep, runs = _load(spec, out)
-    states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
+    try:
+        states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
+    except (SpecError, RunFolderError) as err:
+        fail(f"{err}")
     console.print(plan_table(runs, states))
     console.print(f"runs root: {sweep.out}")
 
@@ -86,10 +95,12 @@ def run(spec: SweepSpec,
     check_choice("--executor", executor, ("local", "slurm", "debug"))
     sweep, runs = _load(spec, out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ablate.runs.store import RunFolderError
+
     try:
         res = launch(sweep, runs, executor, profile, max_parallel, view=None if quiet else SweepView)
-    except SpecError as err:
-        fail(str(err))
+    except (SpecError, RunFolderError) as err:
+        fail(f"{err}")
     console.print(f"{len(runs)} runs: {len(res['submitted'])} submitted, {len(res['skipped'])} already finished, "
                   f"{len(res['active'])} still active -> {sweep.out}")
     rows = sweep_status(sweep.out)
@@ -109,11 +120,13 @@ def _counts(rows) -> None:
 def status(runs_dir: RunsDir, as_json: AsJson = False):
     """Counts and per-run state (run store + scheduler)."""
     from ablate.experiments.launch import stale_runs, sweep_status
+    from ablate.experiments.sweep import SpecError
+    from ablate.runs.store import RunFolderError
 
     try:
         rows = sweep_status(runs_dir)
-    except FileNotFoundError as err:
-        fail(str(err))
+    except (FileNotFoundError, SpecError, RunFolderError) as err:
+        fail(f"{err}")
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return

@@ -82,6 +82,7 @@ def launch(spec, executor: str | None = None, workers: int | None = None, profil
     folder = spec.out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     L._importable()
     if executor == "slurm":
+        L.check_sbatch_text(spec.source, "out (the runs root)", folder)
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         ex.update_parameters(name=spec.name, timeout_min=spec.executor.get("timeout_min", 60),
                              slurm_array_parallelism=workers)
@@ -213,7 +214,8 @@ def run(spec: SearchSpec,
     if (executor or s.executor["name"]) == "slurm":
         console.print(f"submitted {len(jobs)} workers: SLURM array {jobs[0].job_id.split('_')[0]} -> {s.out}")
         return
-    failed = [j.job_id for j in jobs if not j.paths.result_pickle.exists() or j.exception() is not None]
+    # the worker's exit code, not its result pickle: nothing from the (shared) runs root is unpickled
+    failed = [j.job_id for j in jobs if not j.paths.result_pickle.exists() or j._process.poll() != 0]
     del jobs
     gc.collect()  # submitit's LocalJob.__del__ fails noisily when it runs at interpreter exit
     _print_status(s)
@@ -227,6 +229,10 @@ def run(spec: SearchSpec,
 def status(spec: SearchSpec, storage: str | None = Storage, out: RunsRoot = None, as_json: AsJson = False):
     """Best trial (and a sweep snippet reproducing it), trials by state, parameter importances."""
     s = _load(spec, out, storage)
+    prefix = next((p for p in ("sqlite:///", "journal:") if s.storage.startswith(p)), None)
+    if prefix and not Path(s.storage[len(prefix):]).exists():  # opening it would create an empty study database
+        fail(f"no study {s.name!r}: {s.storage[len(prefix):]} does not exist (run `ablate tune "
+                    f"{spec}` first)")
     try:
         if as_json:
             typer.echo(json.dumps(summary(s), indent=1, default=str))

@@ -16,14 +16,16 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
+import unicodedata
 from pathlib import Path
+from typing import Any
 
 import submitit
-import yaml
 
 from ablate.experiments.sweep import RunSpec, SpecError, Sweep
 from ablate.runs.store import RunStore, atomic_write
@@ -100,7 +102,16 @@ def _importable() -> None:
 
 def read_manifest(out: str | Path) -> dict | None:
     p = Path(out) / MANIFEST
-    return json.loads(p.read_text()) if p.exists() else None
+    if not p.exists():
+        return None
+    try:
+        m = json.loads(p.read_text())
+    except (ValueError, OSError) as err:
+        raise SpecError(f"{p}: unreadable sweep manifest ({err}); move it aside and rerun `ablate sweep run` "
+                        f"(run folders are the source of truth: finished runs are kept)") from None
+    if not isinstance(m, dict) or not isinstance(m.get("runs"), dict):
+        raise SpecError(f"{p}: not a sweep manifest (expected a mapping with `runs`)")
+    return m
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
@@ -137,14 +148,13 @@ def _pid_is_submitit(pid: int) -> bool:
         return False
 
 
-def _local_state(job: dict, out: Path) -> str:
-    folder = out / job["folder"]
-    result = folder / f"{job['job_id']}_0_result.pkl"
-    if result.exists():
-        outcome = submitit.core.utils.pickle_load(result)[0]
-        return "COMPLETED" if outcome == "success" else "FAILED"
+def _local_state(job: dict, out: Path, store_state: str | None) -> str:
+    """From the process table and the run store only: submitit's result pickle is never unpickled (a
+    crafted one on a shared file system would run code); that it exists says the worker ended normally."""
     if job["job_id"].isdigit() and _pid_is_submitit(int(job["job_id"])):
         return "RUNNING"
+    if (out / job["folder"] / f"{job['job_id']}_0_result.pkl").exists():
+        return "COMPLETED" if store_state in SKIP else "FAILED"
     return "LOST"  # ended without a result: killed (kill -9, OOM) or interrupted
 
 
@@ -153,7 +163,7 @@ def scheduler_states(out: Path, jobs: dict[str, dict]) -> dict[str, str]:
     states, slurm = {}, {}
     for rid, job in jobs.items():
         if job["executor"] == "local":
-            states[rid] = _local_state(job, out)
+            states[rid] = _local_state(job, out, (RunStore(out / rid).status() or {}).get("state"))
         elif job["executor"] == "debug":
             states[rid] = "DONE"
         else:
@@ -232,12 +242,30 @@ def slurm_minutes(value: int | str) -> int:
     return int(days) * 1440 + h * 60 + m + (s > 0)
 
 
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def control_chars(text: str) -> list[str]:
+    """The control characters (newline, tab, NUL, ...) in `text`, as escapes: the batch script is line based,
+    so any of them in a value that reaches it could end an `#SBATCH` line and start a command."""
+    return sorted({repr(c) for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+
+
+def check_sbatch_text(where: str, key: str, value: Any) -> None:
+    """SpecError naming `where` and `key` when a value that goes into the batch script holds control
+    characters (every other value is quoted by submitit, and setup lines are the profile's own shell)."""
+    bad = control_chars(str(value))
+    if bad:
+        raise SpecError(f"{where}: {key}: {value!r} holds control characters ({', '.join(bad)}); values that reach "
+                        f"the SLURM batch script must be one printable line")
+
+
 def load_profile(path: str | Path) -> dict:
     """A SLURM profile YAML -> submitit AutoExecutor parameters. Errors name the file and the key."""
+    from ablate.experiments.sweep import read_spec_file
+
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such SLURM profile")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_spec_file(path, "SLURM profile") or {}
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of {', '.join(PROFILE_KEYS)}")
     for k, v in data.items():
@@ -245,6 +273,17 @@ def load_profile(path: str | Path) -> dict:
             raise SpecError(f"{path}: {k}: unknown key; valid keys: {', '.join(PROFILE_KEYS)}")
         if not isinstance(v, PROFILE_KEYS[k]) or isinstance(v, bool):
             raise SpecError(f"{path}: {k}: wrong type {v!r}")
+    for k, v in data.items():  # nothing that reaches the batch script may break a line
+        entries = ([(f"{k}.{a}", a, b) for a, b in v.items()] if isinstance(v, dict) else
+                   [(f"{k}[{i}]", None, b) for i, b in enumerate(v)] if isinstance(v, list) else [(k, None, v)])
+        for key, sub, item in entries:
+            if k == "setup" and not isinstance(item, str) or k == "additional" and not isinstance(
+                    item, (str, int, float, bool)):
+                raise SpecError(f"{path}: {key}: expected a {'string' if k == 'setup' else 'scalar'}, got {item!r}")
+            check_sbatch_text(str(path), key, item)
+            if k == "additional" and not _SBATCH_KEY.fullmatch(str(sub)):
+                raise SpecError(f"{path}: additional: {sub!r} is not an sbatch option name (letters, digits, "
+                                f"'-' and '_', without the leading dashes)")
     try:
         time_min = slurm_minutes(data["time"]) if "time" in data else None
     except (ValueError, KeyError):
@@ -271,6 +310,10 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     params = load_profile(profile or sweep.slurm_profile) if name == "slurm" and (profile or sweep.slurm_profile) else {}
     if name != "slurm" and profile:
         load_profile(profile)  # still refuse a missing/bad profile
+    other = read_manifest(out)
+    if other is not None and other.get("name") not in (None, sweep.name):
+        raise SpecError(f"{sweep.source}: out: {out} is the runs root of another sweep ({other.get('name')!r}); "
+                        f"refusing to mark its runs stale (pick another --out)")
     m = _manifest_for(sweep, runs)
     now = {r["run_id"]: r["state"] for r in (sweep_status(out) if (out / MANIFEST).exists() else [])}
     todo = [r for r in runs if now.get(r.run_id, "missing") in RESUBMIT]
@@ -298,6 +341,8 @@ def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, sett
     sbatch refuses, e.g. a partition the cluster does not have."""
     from ablate.config import to_dict
 
+    check_sbatch_text(sweep.source, "name", sweep.name)
+    check_sbatch_text(sweep.source, "out (the runs root)", folder)
     ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
     ex.update_parameters(name=sweep.name, timeout_min=settings.get("timeout_min", 60),
                          slurm_array_parallelism=settings.get("max_parallel", len(todo)),

@@ -46,6 +46,11 @@ OPS = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "gt": lambda a, b: 
        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "in": lambda a, b: a in b}
 EVAL_METRICS = ("greedy_acc", "reward_mean", "completion_len_mean", "frac_never_solved", "frac_always_solved",
                 "train_minus_heldout_reward")
+STORAGES = ("sqlite:///", "journal:", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://",
+            "mysql://", "mysql+pymysql://")
+SAMPLER_TYPES = {"seed": int, "n_startup_trials": int, "multivariate": bool, "group": bool, "constant_liar": bool,
+                 "sigma0": (int, float), "restart_strategy": str, "n_warmup_steps": int, "interval_steps": int,
+                 "min_resource": int, "max_resource": int, "reduction_factor": int}
 HEARTBEAT = {"interval_s": 60, "grace_period_s": 180, "max_retry": 3}
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")  # we beat it
@@ -137,6 +142,9 @@ def load_search(path: str | Path, out: str | Path | None = None, storage: str | 
         opts = table[body["name"]][1]
         for k in body:
             need(k == "name" or k in opts, f"{key}.{k}", f"not an option of {body['name']} ({', '.join(opts)})")
+            tp = SAMPLER_TYPES.get(k)
+            need(tp is None or isinstance(body[k], tp) and (tp is bool or not isinstance(body[k], bool)),
+                 f"{key}.{k}", f"expected {getattr(tp, '__name__', 'a number')}, got {body[k]!r}")
     grid = raw["sampler"]["name"] == "grid"
     for p in params if grid else ():
         need(p.kind == "categorical" or p.step is not None or p.kind == "int" and not p.log, f"search.{p.key}",
@@ -154,8 +162,9 @@ def load_search(path: str | Path, out: str | Path | None = None, storage: str | 
     need(type(n_trials) is int and n_trials >= 1, "trials", "required: an integer >= 1")
     need(not grid or n_trials <= grid_size, "trials", f"{n_trials} is more than the grid's {grid_size} configurations")
     storage = storage or raw.get("storage") or f"sqlite:///{sw.out / 'study.db'}"
-    need(isinstance(storage, str) and (storage.startswith("journal:") or "://" in storage), "storage",
-         f"expected sqlite:///PATH, journal:PATH or an RDB URL (postgresql://...), got {storage!r}")
+    need(isinstance(storage, str) and storage.startswith(STORAGES), "storage",
+         f"expected sqlite:///PATH, journal:PATH or an RDB URL; allowed prefixes: {', '.join(STORAGES)}; "
+         f"got {storage!r}")
     prefix = next((p for p in ("sqlite:///", "journal:") if storage.startswith(p)), "")
     storage = prefix + str(Path(storage[len(prefix):]).resolve()) if prefix else storage
     spec = SearchSpec(source, raw, sw, params, obj["metric"], obj["direction"], obj["last_k"], n_trials,
@@ -377,12 +386,27 @@ def run_trial(spec: SearchSpec, study: optuna.Study, trial: optuna.Trial) -> str
     return study._storage.get_trial(trial._trial_id).state.name.lower()
 
 
+def claim_worker_slot(out: Path, worker: int):
+    """The lowest worker number >= `worker` that no live process on this runs root holds (a file lock each),
+    and its open lock file: two `ablate tune` processes on one study get different sampler seeds."""
+    i = worker
+    while True:
+        f = open(out / f".worker-{i}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return i, f
+        except BlockingIOError:
+            f.close()
+            i += 1
+
+
 def run_worker(spec: SearchSpec, worker: int = 0, poll_s: float = 1.0, log=print) -> int:
     """Pull trials until `trials` configurations were sampled (retries do not count) and none waits; with
     heartbeats, also wait for running trials to end or go stale (and be retried). Returns trials run."""
-    study = open_study(spec, worker)
-    beats, ran = heartbeat_interval(study) is not None, 0
     spec.out.mkdir(parents=True, exist_ok=True)
+    slot, _lock = claim_worker_slot(spec.out, worker)  # held until this worker returns
+    study = open_study(spec, slot)
+    beats, ran = heartbeat_interval(study) is not None, 0
     while True:
         optuna.storages.fail_stale_trials(study)  # no-op without heartbeats
         trials = study.get_trials(deepcopy=False)

@@ -15,12 +15,11 @@ import dataclasses
 import itertools
 import json
 import typing
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ablate import config as C
 from ablate.runs.tracking import run_name
@@ -100,10 +99,7 @@ def read_spec_file(path: Path, kind: str) -> Any:
     """The YAML of a spec file (`kind`: 'sweep spec', 'search spec'), or SpecError naming the file."""
     if not path.is_file():
         raise SpecError(f"{path}: no such {kind}")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    return C.read_yaml(path, SpecError)
 
 
 def load_spec(path: str | Path) -> Sweep:
@@ -138,8 +134,9 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
     for k in raw:
         need(k in TOP_KEYS, str(k), f"unknown key; valid keys: {', '.join(TOP_KEYS)}")
     name = raw.get("name")
-    need(isinstance(name, str) and name.strip() != "" and "/" not in name, "name",
-         "required: a non-empty string without '/'")
+    need(isinstance(name, str) and name.strip() != "" and "/" not in name
+         and not any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name), "name",
+         "required: a non-empty string without '/' or control characters (newline, tab, ...)")
     for k in ("description", "slurm_profile", "out"):
         need(raw.get(k) is None or isinstance(raw[k], str), k, f"expected a string, got {raw.get(k)!r}")
 
@@ -153,7 +150,8 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         need(isinstance(base_spec["config"], str), "base.config", "expected a path string")
         cfg_path = root / base_spec["config"]
         need(cfg_path.is_file(), "base.config", f"no such config file: {cfg_path}")
-        base = yaml.safe_load(cfg_path.read_text()) or {}
+        base = C.read_yaml(cfg_path, SpecError)
+        need(base is not None, "base.config", f"{cfg_path}: empty config")
         need(isinstance(base, dict), "base.config", f"{cfg_path}: expected a mapping")
         if base.get("preset") is not None:
             check_preset(f"base.config ({cfg_path}): preset", base["preset"])
@@ -189,8 +187,9 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         seen[dotted] = key
         return [check_value(f"{key}[{i}]", dotted, v) for i, v in enumerate(values)]
 
-    grid = raw.get("grid") or {}
+    grid = raw.get("grid") if raw.get("grid") is not None else {}
     need(isinstance(grid, dict), "grid", "expected a mapping of dotted key -> list of values")
+    need(grid != {} or "grid" not in raw, "grid", "empty mapping: name at least one key to sweep, or drop `grid:`")
     for k, values in grid.items():
         axes.append(((k,), [(v,) for v in axis_values(f"grid.{k}", k, values)]))
     zips = raw.get("zip") or []

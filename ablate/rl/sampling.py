@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ablate.rl.divergence import check_finite
+
 
 @dataclass
 class Rollout:
@@ -59,4 +61,5 @@ def draw(logits: Tensor, temperature: float, greedy: bool) -> Tensor:
     if greedy:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
+    check_finite("sampling probabilities", probs)
     return torch.multinomial(probs, 1).squeeze(-1)

@@ -6,10 +6,11 @@
     metrics.jsonl     one line per optimizer step: {"step": s, "train/...": v, "perf/...": v}
     evals.jsonl       one line per held-out evaluation: {"step": s, "eval/...": v}
     samples.jsonl     sample completions: {"step", "split", "prompt", "completion", "reward", ...}
-    checkpoint.pt     trainer state for resuming (atomic replace)
+    checkpoint.pt     trainer state for resuming (atomic replace): tensors plus a JSON document, read with
+                      torch's tensor-only loader, so a crafted file on a shared file system cannot run code
 
 Appends are line-buffered so a crash loses at most the step in flight; readers skip a half-written
-last line. Files that are replaced (config, status, checkpoint) are written to a temporary file and
+last line (and report any other damaged line with its file and line number). Files that are replaced (config, status, checkpoint) are written to a temporary file and
 renamed, so a reader never sees a partial one.
 """
 
@@ -30,6 +31,54 @@ from ablate.config import RunConfig, run_id, to_dict
 
 LOGS = ("metrics", "evals", "samples")
 STATES = ("running", "completed", "failed", "diverged", "cancelled", "pruned")
+CHECKPOINT = "checkpoint.pt"
+RUN_FILES = ("status.json", "provenance.json", CHECKPOINT, *(f"{log}.jsonl" for log in LOGS))
+CHECKPOINT_FORMAT = 2  # {"format", "meta": JSON text, "tensors": {name: tensor}}
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be trusted or read; the message names the folder and the files."""
+
+
+class CheckpointError(RunFolderError):
+    """An unreadable checkpoint, or one of another run."""
+
+
+def pack(obj, tensors: dict) -> object:
+    """Nested state -> JSON-able data; each tensor moves into `tensors` and is replaced by a reference.
+    Tuples and dicts with non-string keys (optimizer state) are tagged so that `unpack` restores them."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        name = str(len(tensors))
+        tensors[name] = obj
+        return {"__tensor__": name}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and "__tensor__" not in obj and "__items__" not in obj:
+            return {k: pack(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[pack(k, tensors), pack(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [pack(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [pack(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"checkpoint state holds a {type(obj).__name__}; only tensors and plain data are stored")
+
+
+def unpack(data, tensors: dict):
+    """The inverse of `pack`."""
+    if isinstance(data, list):
+        return [unpack(v, tensors) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if "__tensor__" in data:
+        return tensors[data["__tensor__"]]
+    if "__tuple__" in data:
+        return tuple(unpack(v, tensors) for v in data["__tuple__"])
+    if "__items__" in data:
+        return {unpack(k, tensors): unpack(v, tensors) for k, v in data["__items__"]}
+    return {k: unpack(v, tensors) for k, v in data.items()}
 
 
 def atomic_write(path: Path, write) -> None:
@@ -43,15 +92,29 @@ def atomic_write(path: Path, write) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """All complete lines; a torn last line (crash mid-write) is skipped."""
+    """All rows. Only a torn last line (a crash mid-write: no newline yet) is skipped; any other line that is
+    not a JSON object raises RunFolderError naming the file and the line, so no row is ever dropped silently."""
     if not path.exists():
         return []
+    *lines, tail = path.read_bytes().split(b"\n")
     rows = []
-    for line in path.read_text().splitlines():
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # a blank line holds no row
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+            row = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RunFolderError(f"{path}:{i}: corrupt line ({err}); only a torn last line is tolerated. Repair "
+                                 f"or remove the line (the run is otherwise complete up to it)") from None
+        if not isinstance(row, dict):
+            raise RunFolderError(f"{path}:{i}: expected a JSON object per line, got {line[:60]!r}")
+        rows.append(row)
+    try:
+        row = json.loads(tail) if tail.strip() else None
+        if isinstance(row, dict):
+            rows.append(row)  # complete, only its newline is missing
+    except (ValueError, UnicodeDecodeError):
+        pass  # torn by a crash mid-write: the step it belonged to is redone on resume
     return rows
 
 
@@ -86,7 +149,34 @@ class RunStore:
 
     def read_config(self) -> dict | None:
         p = self.path("config.yaml")
-        return yaml.safe_load(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            data = yaml.safe_load(p.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+            raise RunFolderError(f"{p}: unreadable run config ({str(err).splitlines()[0]}); the folder cannot "
+                                 f"be resumed safely: move it aside or pick another --out") from None
+        if not isinstance(data, dict):
+            raise RunFolderError(f"{p}: expected a mapping (the run's resolved config), got {type(data).__name__}")
+        return data
+
+    def claim(self, run: str) -> None:
+        """Check, before run `run` writes anything here, that the folder is its own: refuses another run's
+        folder, run files without a readable config.yaml, and a damaged or foreign checkpoint."""
+        existing = self.read_config()
+        if existing is None:
+            files = [n for n in RUN_FILES if self.path(n).exists()]
+            if files:
+                raise RunFolderError(f"{self.root}: holds run files ({', '.join(files)}) but no config.yaml, so "
+                                     f"whose they are is unknown; refusing to resume or overwrite them (move "
+                                     f"them aside, or pick another --out)")
+        elif existing.get("run_id") != run:
+            raise RunFolderError(f"{self.root} holds another run ({existing.get('run_id')}); refusing to "
+                                 f"overwrite it")
+        self.status()
+        for log in LOGS:  # a damaged log is reported here, before a resume would rewrite it
+            self.read(log)
+        self.load_checkpoint(run, mmap=True)
 
     def write_provenance(self, cfg: RunConfig, device: str) -> None:
         import torch  # here and in the checkpoint methods only: reading a run store needs no torch
@@ -100,13 +190,36 @@ class RunStore:
             "device": device, "host": socket.gethostname(), "seed": cfg.seed, "run_id": run_id(cfg),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "resumed_from_steps": self.provenance().get("resumed_from_steps", []),  # kept across restarts
         }
+        atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
+
+    def provenance(self) -> dict:
+        p = self.path("provenance.json")
+        try:
+            return json.loads(p.read_text()) if p.exists() else {}
+        except (ValueError, OSError):
+            return {}
+
+    def note_resume(self, step: int) -> None:
+        """Record in provenance.json that this start resumed from the checkpoint of `step`."""
+        info = self.provenance()
+        info["resumed_from_steps"] = [*info.get("resumed_from_steps", []), step]
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 
     # --- status ---
     def status(self) -> dict | None:
         p = self.path("status.json")
-        return json.loads(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            row = json.loads(p.read_text())
+        except (ValueError, OSError) as err:
+            raise RunFolderError(f"{p}: unreadable run status ({err}); move the file aside to resume the "
+                                 f"run from its checkpoint") from None
+        if not isinstance(row, dict) or row.get("state") not in STATES:
+            raise RunFolderError(f"{p}: not a run status (state must be one of {', '.join(STATES)})")
+        return row
 
     def set_status(self, state: str, step: int, error: str | None = None) -> None:
         assert state in STATES, state
@@ -132,16 +245,46 @@ class RunStore:
                 atomic_write(p, lambda f: f.write(keep.encode()))
 
     # --- checkpoint ---
-    def save_checkpoint(self, state: dict) -> None:
+    def save_checkpoint(self, state: dict, run: str | None = None) -> None:
+        """`state`: nested dicts/lists/tuples of tensors and plain values; `run` is the run id it belongs to."""
         import torch
 
-        atomic_write(self.path("checkpoint.pt"), lambda f: torch.save(state, f))
+        tensors: dict = {}
+        meta = json.dumps({"run_id": run, "state": pack(state, tensors)})
+        blob = {"format": CHECKPOINT_FORMAT, "meta": meta, "tensors": tensors}
+        atomic_write(self.path(CHECKPOINT), lambda f: torch.save(blob, f))
 
-    def load_checkpoint(self) -> dict | None:
-        p = self.path("checkpoint.pt")
+    def load_checkpoint(self, run: str | None = None, mmap: bool = False) -> dict | None:
+        """The saved state, or None without a checkpoint. Read with torch's tensor-only unpickler
+        (`weights_only=True`): nothing in the file is executed. With `run`, a checkpoint of another run id
+        is refused (CheckpointError); so is a damaged one, naming the file."""
+        import pickle
+
         import torch
 
-        return torch.load(p, weights_only=False) if p.exists() else None
+        p = self.path(CHECKPOINT)
+        if not p.exists():
+            return None
+        try:
+            blob = torch.load(p, weights_only=True, mmap=mmap, map_location="cpu")
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError) as err:
+            raise CheckpointError(f"{p}: not a readable checkpoint (truncated, or not written by ablate): "
+                                  f"{str(err).splitlines()[0][:300]}; move it aside to restart the run from "
+                                  f"step 0") from None
+        if not isinstance(blob, dict):
+            raise CheckpointError(f"{p}: not a checkpoint written by ablate (a {type(blob).__name__})")
+        if blob.get("format") == CHECKPOINT_FORMAT:
+            meta = json.loads(blob["meta"])
+            owner, state = meta["run_id"], unpack(meta["state"], blob["tensors"])
+        else:  # written before format 2: the same state dict, with the config instead of the run id
+            from ablate.config import hash_config
+
+            state = blob
+            owner = hash_config(blob["config"]) if isinstance(blob.get("config"), dict) else None
+        if run is not None and owner != run:
+            raise CheckpointError(f"{p}: checkpoint of run {owner}, not of run {run}; refusing to resume "
+                                  f"another run's weights (move it aside to restart from step 0)")
+        return state
 
 
 def _git_sha() -> str | None:

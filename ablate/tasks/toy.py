@@ -35,7 +35,6 @@ class ToyTask:
 
     name = "toy_addition"
     heldout_is_train = True
-    reward_dtype = torch.float32  # dtype of the reward tensors the trainer builds from the scores
 
     def __init__(self, cfg: TaskConfig):
         g = torch.Generator().manual_seed(cfg.seed)
@@ -153,7 +152,6 @@ class ChapterToyTask(ToyTask):
     """The chapter's instance. Its 64 prompts repeat some sums, so each prompt text carries its index
     ("[i] a+b=") to keep one table row per prompt (the policy looks rows up by prompt text)."""
 
-    reward_dtype = torch.float64  # the chapter is float64 throughout: a float32 reward rounds the offset
 
     def __init__(self, cfg: TaskConfig):
         inst = chapter_instance(cfg.seed)

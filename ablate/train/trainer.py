@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate.config import RecipeConfig, RunConfig, run_id, to_dict
+from ablate.config import ConfigError, RecipeConfig, RunConfig, run_id, to_dict
 from ablate.rl import losses, stats
 from ablate.rl.advantages import compute_advantages
+from ablate.rl.divergence import Diverged, check_finite, check_parameters, overflow_is_divergence
 from ablate.rl.rewards import format_weight_at, overlong_penalty
 from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
@@ -30,16 +31,14 @@ from ablate.tasks.base import Problem
 from ablate.train import preemption
 from ablate.train.rollout import LMPolicy
 
-
-class Diverged(RuntimeError):
-    """The loss became NaN or infinite."""
-
-
 # --- set-up -----------------------------------------------------------------------------------------
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' but this machine has no usable CUDA device; allowed values: 'auto' "
+                          "(CUDA when there is one), 'cpu'")
     return torch.device(name)
 
 
@@ -123,14 +122,14 @@ class Batch:
 
 def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int, fmt_weight: float):
     """[B, group] tensors: total task reward (verifier + fmt_weight * format + overlong) and its components."""
-    texts = rollout.texts
-    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)],
-                           dtype=getattr(task, "reward_dtype", torch.float32))  # the chapter toy: float64
-    fmt = torch.tensor([task.format_score(t) for t in texts]) if r.format_weight else torch.zeros(len(texts))
+    texts, f64 = rollout.texts, torch.float64  # float64: a reward offset must cancel exactly in r - baseline
+    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)], dtype=f64)
+    fmt = torch.tensor([task.format_score(t) for t in texts], dtype=f64) if r.format_weight \
+        else torch.zeros(len(texts), dtype=f64)
     if r.overlong == "soft_penalty":
-        over = overlong_penalty(rollout.lengths.cpu(), r.max_new_tokens, r.overlong_buffer, r.overlong_factor)
+        over = overlong_penalty(rollout.lengths.cpu(), r.max_new_tokens, r.overlong_buffer, r.overlong_factor).to(f64)
     else:
-        over = torch.zeros(len(texts))
+        over = torch.zeros(len(texts), dtype=f64)
     shape = (len(problems), group)
     total = correct + fmt_weight * fmt + over
     return total.view(shape), correct.view(shape), fmt.view(shape), over.view(shape)
@@ -204,6 +203,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             sub = batch.rollout.select(idx)
             mask = loss_mask[idx]
             logits = policy.logits(sub) / r.temperature                         # [n, T, V]
+            check_finite("logits", logits)
             logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
             old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
             loss_policy, clip = losses.policy_loss(
@@ -226,7 +226,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
-            optimizer.step()
+            check_finite("gradient norm", grad_norm)
+            with overflow_is_divergence("optimizer step"):
+                optimizer.step()
             row = {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": entropy,
                    "grad_norm": grad_norm, **clip}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
@@ -315,9 +317,8 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     from ablate.runs.tracking import open_mirrors
 
     store = RunStore(out_dir)
-    existing = store.read_config()
-    if existing is not None and existing.get("run_id") != run_id(cfg):
-        raise ValueError(f"{out_dir} holds another run ({existing.get('run_id')}); refusing to overwrite it")
+    resolve_device(cfg.device)  # before anything is written: cuda without CUDA is a ConfigError
+    store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
     status = store.status()
     if status and status["state"] in ("completed", "diverged", "pruned"):
         return status["state"]
@@ -329,6 +330,10 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     try:
         store.set_status("running", (status or {}).get("step", 0))
         state = _train(cfg, store, device, progress, should_prune)
+        return state
+    except Diverged as err:  # found outside the update (sampling, evaluation): the step in flight diverged
+        state = "diverged"
+        store.set_status("diverged", (store.status() or {}).get("step", 0) + 1, str(err))
         return state
     except BaseException as err:
         if isinstance(err, SystemExit) and preemption.checkpointed_for_requeue():
@@ -358,7 +363,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         PromptStream(len(train_set), cfg.seed)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
 
-    ckpt = store.load_checkpoint()
+    ckpt = store.load_checkpoint(run_id(cfg))
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
         policy.module.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -367,6 +372,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
                                                              ("stream", "step", "counters", "wall", "since_eval"))
         store.truncate_after(step)
+        store.note_resume(step)
     else:
         store.truncate_after(-1)
         log_eval(store, 0, *evaluate(policy, task, heldout, cfg, tokenizer), None)
@@ -382,7 +388,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
-            "since_eval": since_eval, "config": to_dict(cfg)})
+            "since_eval": since_eval, "config": to_dict(cfg)}, run_id(cfg))
 
     with bar, preemption.guard(save_checkpoint):
         while step < cfg.steps:
@@ -408,11 +414,12 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 t2 = time.perf_counter()
                 # 3. advantages, one per completion, broadcast to its tokens
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
-                                         greedy_rewards=greedy).flatten().to(mask.device)
+                                         greedy_rewards=greedy).flatten().to(mask.device, mask.dtype)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # 4. update
                 try:
                     up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
+                    check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
@@ -443,8 +450,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                         store.set_status("pruned", step)
                         return "pruned"
                 store.set_status("running", step)
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                    save_checkpoint()
+                if step == cfg.steps or cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    save_checkpoint()  # always the last step's: a completed run keeps its final weights
                 bar.update(bar_task, completed=step,
                            description=f"reward {row['train/reward_mean']:.3f} dead {row['train/dead_group_frac']:.2f}")
     store.set_status("completed", step)
