@@ -89,14 +89,15 @@ class ToyPolicy(nn.Module):
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                greedy: bool = False) -> Rollout:
         rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
-        tens = draw(self.first[rows], temperature, greedy)
-        ones = draw(self.second[rows, tens], temperature, greedy)
+        tens, logp_tens = draw(self.first[rows], temperature, greedy)
+        ones, logp_ones = draw(self.second[rows, tens], temperature, greedy)
         completion = torch.stack([tens, ones], dim=1)  # [N, 2]
         N = len(rows)
         return Rollout(prompt_ids=rows[:, None], prompt_mask=torch.ones(N, 1, dtype=torch.long),
                        completion_ids=completion, completion_mask=torch.ones(N, 2),
                        truncated=torch.zeros(N, dtype=torch.bool),
-                       texts=[f"{t}{o}" for t, o in completion.tolist()])
+                       texts=[f"{t}{o}" for t, o in completion.tolist()],
+                       behav_logp=torch.stack([logp_tens, logp_ones], dim=1))
 
     def logits(self, rollout: Rollout) -> Tensor:
         rows = self._rows(rollout.prompt_ids)

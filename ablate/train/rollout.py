@@ -48,14 +48,15 @@ class LMPolicy:
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                greedy: bool = False) -> Rollout:
-        """n completions per prompt (rows grouped by prompt). Each prompt is prefilled once and its KV
-        cache repeated n times: the n rows of a group share it exactly (causal attention)."""
+        """n completions per prompt (rows grouped by prompt), with the behaviour log-prob of every sampled
+        token (`Rollout.behav_logp`). Each prompt is prefilled once and its KV cache repeated n times: the
+        n rows of a group share it exactly (causal attention)."""
         uids, umask = self.encode(prompts)
         ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
-        tokens = []
+        tokens, logps = [], []
         with self._autocast():
             out = self.module(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                               logits_to_keep=1)
@@ -64,9 +65,10 @@ class LMPolicy:
             next_pos = positions[:, -1:] + 1
             attn = mask
             for t in range(max_new_tokens):
-                tok = draw(logits, temperature, greedy)
+                tok, logp = draw(logits, temperature, greedy)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 tokens.append(tok)
+                logps.append(torch.where(done, torch.zeros_like(logp), logp))  # 0 after EOS (masked)
                 done |= tok == self.eos_id
                 if done.all() or t == max_new_tokens - 1:
                     break
@@ -80,7 +82,8 @@ class LMPolicy:
         # 1 up to and including the first EOS: no EOS strictly before this position
         completion_mask = (is_eos.long().cumsum(-1) - is_eos.long() == 0).float()
         texts = self.tokenizer.batch_decode(completion.masked_fill(is_eos, self.pad_id), skip_special_tokens=True)
-        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts)
+        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts,
+                       behav_logp=torch.stack(logps, dim=1))
 
     def logits(self, rollout: Rollout) -> Tensor:
         """Next-token logits at each completion position, [N, T, V] (with grad).
