@@ -1,5 +1,7 @@
 """Staleness and IS corrections in the trainer, on the toy testbed (seconds per run)."""
 
+import copy
+
 import pytest
 import torch
 from conftest import crash_training_at
@@ -113,3 +115,36 @@ def test_pending_batches_round_trip_through_plain_data():
 def test_config_rules(overrides, message):
     with pytest.raises(ConfigError, match=message):
         toy(*overrides)
+
+
+class CopiedEngine:
+    """A RolloutEngine with its own copy of the weights, pushed after every update (as vLLM would be)."""
+
+    def __init__(self, policy):
+        self.inner, self.pad_id, self.pushed = copy.deepcopy(policy), policy.pad_id, []
+
+    def sample(self, *args, **kwargs):
+        return self.inner.sample(*args, **kwargs)
+
+    def sync_weights(self, module, version):
+        self.inner.module.load_state_dict(module.state_dict())
+        self.pushed.append(version)
+
+
+def test_today_samplers_are_rollout_engines():
+    from ablate.tasks.toy import ToyPolicy, ToyTask
+    from ablate.train.rollout import LMPolicy, RolloutEngine
+
+    assert isinstance(ToyPolicy(ToyTask(toy().task)), RolloutEngine)
+    assert all(hasattr(LMPolicy, m) for m in ("sample", "sync_weights"))
+
+
+def test_an_engine_with_its_own_weights_reproduces_the_run(tmp_path, monkeypatch):
+    cfg = toy("steps=8", "eval.every=4", "recipe.staleness=2", "recipe.is_correction=tis", "checkpoint_every=4")
+    plain = run(cfg, tmp_path / "plain")
+    engines = []
+    monkeypatch.setattr(trainer, "build_engine", lambda c, p: engines.append(CopiedEngine(p)) or engines[-1])
+    copied = run(cfg, tmp_path / "copied")
+    assert engines[0].pushed == list(range(1, 9)) and engines[0].inner is not None
+    assert strip(copied.read("metrics")) == strip(plain.read("metrics"))
+    assert copied.read("evals") == plain.read("evals")

@@ -82,6 +82,9 @@ class ToyPolicy(nn.Module):
     def module(self) -> nn.Module:  # the trained module, as for LMPolicy
         return self
 
+    def sync_weights(self, module: nn.Module, version: int) -> None:  # RolloutEngine: samples with itself
+        assert module is self
+
     def _rows(self, prompt_ids: Tensor) -> Tensor:
         return prompt_ids[:, 0]
 

@@ -3,17 +3,38 @@
 A policy is anything with `sample(...) -> Rollout`, `logits(rollout) -> [N, T, V]`, and `module` (the
 torch module that is trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.tasks.toy.ToyPolicy` is
 the tabular testbed. Completions of one prompt are contiguous: row i belongs to prompt i // G.
+
+The sampling half is a `RolloutEngine`: it samples with behaviour log-probs and receives the trainer's
+weights after every update. Today's engines are the policies themselves (the HF KV-cache loop below, the
+toy table), which sample with the trained module, so receiving weights costs nothing. An inference
+engine such as vLLM would hold its own copy of the weights (docs/offpolicy.md).
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 
 from ablate.rl.sampling import Rollout, draw
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """The seam between the trainer and whatever generates its rollouts."""
+
+    pad_id: int
+
+    def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+               greedy: bool = False) -> Rollout:
+        """n completions per prompt, rows grouped by prompt, with `Rollout.behav_logp`: the log-prob of each
+        sampled token under the distribution it was sampled from (after temperature; 0 where masked)."""
+
+    def sync_weights(self, module: torch.nn.Module, version: int) -> None:
+        """Receive the trained weights after update `version` (the number of optimiser steps so far)."""
 
 
 class LMPolicy:
@@ -32,6 +53,10 @@ class LMPolicy:
         self.eos_id = tokenizer.eos_token_id
         # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def sync_weights(self, module: torch.nn.Module, version: int) -> None:
+        """The KV-cache loop samples with the trained module itself: nothing to copy."""
+        assert module is self.module
 
     def _autocast(self):
         enabled = self.autocast_dtype is not None

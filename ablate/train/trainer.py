@@ -28,7 +28,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
 from ablate.train import offpolicy, preemption
-from ablate.train.rollout import LMPolicy
+from ablate.train.rollout import LMPolicy, RolloutEngine
 
 
 class Diverged(RuntimeError):
@@ -53,6 +53,12 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
     use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
     model = load_model(cfg.model.path, device, torch.float32)  # fp32 master weights; bf16 via autocast
     return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None)
+
+
+def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
+    """What samples the training rollouts: today the policy itself (HF KV-cache loop, toy table). An
+    inference engine with its own weights (vLLM, docs/offpolicy.md) would be chosen here."""
+    return policy
 
 
 class NormalizedSGD(torch.optim.Optimizer):
@@ -368,6 +374,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         store.truncate_after(-1)
         log_eval(store, 0, *evaluate(policy, task, heldout, cfg, tokenizer), None)
 
+    engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeRemainingColumn(), disable=not progress)
@@ -390,8 +397,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 fmt_weight = format_weight_at(r.format_weight, r.format_anneal_steps, step)
                 while len(pending) <= r.staleness and step - 1 + len(pending) < cfg.steps:
                     fmt_ahead = format_weight_at(r.format_weight, r.format_anneal_steps, step + len(pending))
-                    fresh = collect(policy, task, train_set, stream, cfg, tokenizer, fmt_ahead)
-                    greedy = greedy_rewards(policy, task, fresh.problems, r, tokenizer, fmt_ahead) \
+                    fresh = collect(engine, task, train_set, stream, cfg, tokenizer, fmt_ahead)
+                    greedy = greedy_rewards(engine, task, fresh.problems, r, tokenizer, fmt_ahead) \
                         if r.baseline == "greedy" else None
                     pending.append((fresh, greedy, step - 1))
                 batch, greedy, version = pending.popleft()  # sampled by the policy after `version` updates
@@ -425,6 +432,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     return "diverged"
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
+                engine.sync_weights(policy.module, step)  # the sampler gets the weights of update `step`
                 t3 = time.perf_counter()
                 # 5. log
                 lengths = batch.rollout.lengths
