@@ -148,3 +148,36 @@ def test_an_engine_with_its_own_weights_reproduces_the_run(tmp_path, monkeypatch
     assert engines[0].pushed == list(range(1, 9)) and engines[0].inner is not None
     assert strip(copied.read("metrics")) == strip(plain.read("metrics"))
     assert copied.read("evals") == plain.read("evals")
+
+
+KILL_AT_STEP_7 = """
+import os, signal, sys
+from ablate.config import load
+from ablate.runs.store import RunStore
+from ablate.train import trainer
+
+real = RunStore.set_status
+def set_status(self, state, step, error=None):
+    if state == "running" and step == 7:
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no exception, no finally, no flush
+    return real(self, state, step, error)
+RunStore.set_status = set_status
+trainer.train(load("configs/toy.yaml", sys.argv[2:]), sys.argv[1], progress=False)
+"""
+
+
+def test_resume_of_a_stale_run_after_kill_9_is_exact(tmp_path):
+    import subprocess
+    import sys
+
+    overrides = ["steps=12", "checkpoint_every=4", "eval.every=3", "recipe.staleness=3",
+                 "recipe.is_correction=tis", "tracking.wandb.mode=disabled"]
+    whole = run(toy(*overrides), tmp_path / "whole")
+    proc = subprocess.run([sys.executable, "-c", KILL_AT_STEP_7, str(tmp_path / "killed"), *overrides],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    killed = RunStore(tmp_path / "killed")
+    assert killed.status()["state"] == "running" and killed.status()["step"] == 6  # nothing after the kill
+    resumed = run(toy(*overrides), tmp_path / "killed")
+    assert strip(resumed.read("metrics")) == strip(whole.read("metrics"))
+    assert resumed.read("evals") == whole.read("evals") and resumed.read("samples") == whole.read("samples")

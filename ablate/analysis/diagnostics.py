@@ -52,6 +52,11 @@ def run_diagnostics(study) -> pd.DataFrame:
             "reward_end": _seg(col("train/reward_mean"), 0.9, 1.0),
             "format_max": float(np.nanmax(col("train/reward_format_mean")))
             if np.isfinite(col("train/reward_format_mean")).any() else np.nan,
+            # behaviour -> old mismatch (docs/offpolicy.md), means over the run; only where it was logged
+            **({"offpolicy_kl_k3": _seg(col("offpolicy/kl_k3"), 0, 1), "offpolicy_ess": _seg(col("offpolicy/ess_frac"), 0, 1),
+                "offpolicy_cap": _seg(col("offpolicy/is_cap_frac"), 0, 1),
+                "offpolicy_rejected": _seg(col("offpolicy/rejected_token_frac"), 0, 1)}
+               if "offpolicy/kl_k3" in g else {}),
         })
     return pd.DataFrame(rows)
 
