@@ -31,6 +31,7 @@ Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
 TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition"]
 Device = Literal["auto", "cpu", "cuda"]
+ISCorrection = Literal["none", "tis", "mis", "icepop", "seq_tis", "seq_mis", "seq_geo_mask"]
 
 
 class ConfigError(ValueError):
@@ -97,6 +98,13 @@ class RecipeConfig:
     max_new_tokens: int = 8
     update_epochs: int = 1
     minibatches: int = 1
+    # off-policy (docs/offpolicy.md): the update at step s trains on the batch sampled by the policy of step
+    # s - k (0 = synchronous); the behaviour -> old shift is corrected by `is_correction` (ablate/rl/corrections.py)
+    staleness: int = 0
+    is_correction: ISCorrection = "none"
+    is_cap: float = 2.0           # C: tis, seq_tis (truncate at C); mis, seq_mis (reject above C)
+    is_lo: float | None = None    # lower bound: icepop, seq_geo_mask (required); mis, seq_mis (optional)
+    is_hi: float | None = None    # upper bound: icepop, seq_geo_mask (required)
 
 
 @dataclass(frozen=True)
@@ -395,6 +403,16 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.format_anneal_steps anneals recipe.format_weight, which is 0 (set a weight > 0)")
     check(r.update_epochs >= 1, "recipe.update_epochs must be >= 1")
     check(r.minibatches >= 1, "recipe.minibatches must be >= 1")
+    check(r.staleness >= 0, "recipe.staleness must be >= 0 (0 = synchronous, on-policy sampling)")
+    check(r.staleness < cfg.steps, "recipe.staleness must be < steps (the pipeline is k batches deep)")
+    check(r.is_cap > 0, "recipe.is_cap must be > 0")
+    band = r.is_correction in ("icepop", "seq_geo_mask")
+    check(not band or (r.is_lo is not None and r.is_hi is not None),
+          f"recipe.is_correction={r.is_correction!r} needs both recipe.is_lo and recipe.is_hi (no default band)")
+    check(r.is_lo is None or r.is_lo >= 0, "recipe.is_lo must be >= 0")
+    check(r.is_lo is None or r.is_hi is None or r.is_lo <= r.is_hi, "recipe.is_lo must be <= recipe.is_hi")
+    check(r.is_lo is None or r.is_correction not in ("mis", "seq_mis") or r.is_lo <= r.is_cap,
+          f"recipe.is_lo must be <= recipe.is_cap with recipe.is_correction={r.is_correction!r}")
     check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")
     check(r.minibatches <= cfg.samples_per_step,
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from ablate.rl.advantages import BASELINES, SCALES, compute_advantages
+from ablate.rl.corrections import IS_CORRECTIONS, mismatch_metrics
 from ablate.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -192,3 +193,65 @@ def test_policy_loss_on_policy_equals_minus_advantage(level, agg, dual):
     assert_close(loss, expected, atol=1e-12, rtol=0)
     assert stats["clip_frac_low"].item() == 0.0 and stats["clip_frac_high"].item() == 0.0
     assert stats["ratio_mean"].item() == pytest.approx(1.0, abs=1e-12)
+
+
+# --- IS corrections (behaviour -> old): every entry ---------------------------------------------
+
+IS_PARAMS = {"cap": 2.0, "lo": 0.5, "hi": 2.0}  # every band contains 1
+
+
+def _behav(old, seed=2, scale=0.4):
+    g = torch.Generator().manual_seed(seed)
+    return old + scale * torch.randn(N, T, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", list(IS_CORRECTIONS))
+def test_is_correction_contract(name):
+    _, old, _ = _loss_inputs()
+    m = _mask()
+    for behav in (_behav(old), old + 80.0, old - 80.0):  # moderate and extreme log w: never NaN or inf
+        w, keep, stats = IS_CORRECTIONS[name](old, behav, m, **IS_PARAMS)
+        assert w.shape == (N, T) and keep.shape == (N, T) and keep.dtype == torch.bool
+        assert torch.isfinite(w).all() and (w >= 0).all() and not w.requires_grad
+        assert not (keep & ~m).any()                      # rejection only removes tokens
+        assert (w[~m] == 1).all() and (w[m & ~keep] == 0).all()
+        assert set(stats) == {"is_cap_frac"} and stats["is_cap_frac"].dim() == 0
+
+
+@pytest.mark.parametrize("name", list(IS_CORRECTIONS))
+@pytest.mark.parametrize("level,agg", list(itertools.product(RATIO_LEVELS, AGGREGATIONS)))
+def test_is_correction_on_policy_changes_nothing(name, level, agg):
+    # behaviour == old (k = 0, identical numerics): w == 1, nothing rejected, loss and gradient unchanged
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    w, keep, stats = IS_CORRECTIONS[name](old, old.clone(), m, **IS_PARAMS)
+    assert (w == 1).all() and torch.equal(keep, m) and stats["is_cap_frac"].item() == 0.0
+    loss, grad, _ = _loss_and_grad(logp, old, adv, m, level, agg, None)
+    lp = logp.clone().requires_grad_(True)
+    loss_w, _ = policy_loss(lp, old, adv, keep, eps_low=0.2, eps_high=0.28, ratio_level=level, agg=agg,
+                            max_len=T, is_weights=w)
+    (grad_w,) = torch.autograd.grad(loss_w, lp)
+    assert_close(loss_w.detach(), loss, atol=0, rtol=0)
+    assert_close(grad_w, grad, atol=0, rtol=0)
+    out = mismatch_metrics(old, old.clone(), m, w, keep, torch.zeros(N))
+    for k in ("kl_k1", "kl_k3", "chi2_token", "chi2_seq", "max_abs_prob_diff", "rejected_token_frac"):
+        assert out[k].item() == 0.0, k
+    assert out["ess_frac"].item() == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", list(IS_CORRECTIONS))
+def test_is_correction_masked_positions_are_inert(name):
+    _, old, _ = _loss_inputs()
+    m = _mask()
+    behav = _behav(old)
+    g = torch.Generator().manual_seed(3)
+    junk_old = torch.where(m, old, -80 * torch.rand(N, T, generator=g, dtype=torch.float64))
+    junk_behav = torch.where(m, behav, 80 * torch.randn(N, T, generator=g, dtype=torch.float64))
+    w, keep, stats = IS_CORRECTIONS[name](old, behav, m, **IS_PARAMS)
+    w2, keep2, stats2 = IS_CORRECTIONS[name](junk_old, junk_behav, m, **IS_PARAMS)
+    assert torch.equal(w, w2) and torch.equal(keep, keep2)
+    assert_close(stats2["is_cap_frac"], stats["is_cap_frac"], atol=0, rtol=0)
+    a = mismatch_metrics(old, behav, m, w, keep, torch.ones(N))
+    b = mismatch_metrics(junk_old, junk_behav, m, w2, keep2, torch.ones(N))
+    for k in a:
+        assert_close(b[k], a[k], atol=0, rtol=0)

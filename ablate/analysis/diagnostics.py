@@ -109,6 +109,11 @@ def run_diagnostics(study, metric: str | None = None) -> pd.DataFrame:
             "kl_abs_max": float(np.nanmax(np.abs(kl))) if np.isfinite(kl).any() else np.nan,
             "kl_jump": jump(kl), "grad_jump": jump(col("train/grad_norm")),
             "heldout_start": held.get(rid, (np.nan, np.nan))[0], "heldout_end": held.get(rid, (np.nan, np.nan))[1],
+            # behaviour -> old mismatch (docs/offpolicy.md), means over the run; only where it was logged
+            **({"offpolicy_kl_k3": _seg(col("offpolicy/kl_k3"), 0, 1), "offpolicy_ess": _seg(col("offpolicy/ess_frac"), 0, 1),
+                "offpolicy_cap": _seg(col("offpolicy/is_cap_frac"), 0, 1),
+                "offpolicy_rejected": _seg(col("offpolicy/rejected_token_frac"), 0, 1)}
+               if "offpolicy/kl_k3" in g else {}),
         })
     return pd.DataFrame(rows)
 

@@ -189,7 +189,9 @@ def _diag_rows(rep):
             ("entropy_end", "entropy end", 3), ("kl_max", "KL max", 3), ("kl_end", "KL end", 3),
             ("dead_all_correct", "dead: all-correct", 2), ("dead_all_wrong", "dead: all-wrong", 2),
             ("truncation", "truncation", 2), ("clip_low", "clip low", 3), ("clip_high", "clip high", 3),
-            ("len_start", "length start", 1), ("len_end", "length end", 1)]
+            ("len_start", "length start", 1), ("len_end", "length end", 1),
+            ("offpolicy_kl_k3", "behav-old KL k3", 5), ("offpolicy_ess", "IS ESS share", 4),
+            ("offpolicy_cap", "IS capped", 4), ("offpolicy_rejected", "IS rejected", 4)]
     d = rep.diagnostics
     cols = [c for c in cols if c[0] in d]
 

@@ -146,6 +146,7 @@ def policy_loss(
     ratio_level: str = "token",
     agg: str = "seq_mean_token_mean",
     max_len: int,
+    is_weights: Tensor | None = None,  # [N,T] detached IS weights (ablate/rl/corrections.py); None = 1
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, l = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A), aggregated by `agg`.
 
@@ -154,6 +155,10 @@ def policy_loss(
     (token-weighted whatever `agg` is): clip_frac_low (rho < 1-eps_low, A<0), clip_frac_high
     (rho > 1+eps_high, A>0), clip_frac (either), dual_clip_frac (rho > c, A<0; 0 when off),
     ratio_mean, ratio_max (0 when no token counts).
+
+    `is_weights` (decoupled off-policy correction): l_it := sg(w_hat_it) * l_it, where w_hat corrects
+    for the tokens having been sampled by the behaviour policy rather than by pi_old; the clip statistics
+    still describe rho = pi/pi_old.
     """
     agg_fn = _lookup(AGGREGATIONS, agg, "loss aggregation")
     if dual_clip is not None and dual_clip <= 1:
@@ -165,6 +170,8 @@ def policy_loss(
     obj = torch.minimum(rho * adv, clipped * adv)
     if dual_clip is not None:
         obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)
+    if is_weights is not None:
+        obj = obj * is_weights.detach().to(obj.dtype)
     loss = agg_fn(-obj, m, max_len)
 
     with torch.no_grad():

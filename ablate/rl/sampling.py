@@ -2,6 +2,12 @@
 
 Shared by the LM sampler (ablate/train/rollout.py) and the tabular toy policy (ablate/tasks/toy.py), so it
 sits below both. Completions of one prompt are contiguous: row i belongs to prompt i // G.
+
+Three policies meet in an RL step (docs/offpolicy.md):
+- behaviour, pi_behav: the weights and numerics that sampled the tokens. Its log-probs, `behav_logp`, are
+  recorded here at sampling time, from the very distribution each token was drawn from.
+- old, pi_old: the trainer's own recompute of the same tokens at the start of the update (PPO's anchor).
+- current, pi_theta: the policy being optimised.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class Rollout:
     completion_mask: Tensor  # [N, T] float, 1 on generated tokens up to and including EOS
     truncated: Tensor        # [N] bool, no EOS within the token budget
     texts: list[str]         # decoded completions (EOS and padding removed)
+    behav_logp: Tensor       # [N, T] float32 log pi_behav(token) as sampled (after temperature); 0 where masked
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -33,8 +40,9 @@ class Rollout:
 
     def select(self, idx: Tensor) -> Rollout:
         """Rows `idx` (a 1-d index tensor)."""
-        return Rollout(*(getattr(self, f.name)[idx] for f in fields(self)[:5]),
-                       texts=[self.texts[i] for i in idx.tolist()])
+        rows = idx.tolist()
+        return Rollout(**{f.name: [v[i] for i in rows] if isinstance(v := getattr(self, f.name), list) else v[idx]
+                          for f in fields(self)})
 
     @staticmethod
     def cat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -53,13 +61,22 @@ class Rollout:
             completion_mask=torch.cat([pad(r.completion_mask, T, False, 0.0) for r in parts]),
             truncated=torch.cat([r.truncated for r in parts]),
             texts=[t for r in parts for t in r.texts],
+            behav_logp=torch.cat([pad(r.behav_logp, T, False, 0.0) for r in parts]),
         )
 
 
-def draw(logits: Tensor, temperature: float, greedy: bool) -> Tensor:
-    """One token per row from next-token logits [N, V] -> [N]."""
+def draw(logits: Tensor, temperature: float, greedy: bool) -> tuple[Tensor, Tensor]:
+    """One token per row from next-token logits [N, V] -> (tokens [N], behaviour log-probs [N]).
+
+    The log-prob is that of the drawn token under the distribution it was drawn from: softmax(logits / T),
+    float32; greedy decoding draws from a point mass, so its log-prob is 0.
+    """
     if greedy:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+        tok = logits.argmax(-1)
+        return tok, torch.zeros(tok.shape, device=tok.device)
+    scaled = logits.float() / temperature
+    probs = torch.softmax(scaled, dim=-1)
     check_finite("sampling probabilities", probs)
-    return torch.multinomial(probs, 1).squeeze(-1)
+    tok = torch.multinomial(probs, 1).squeeze(-1)
+    logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    return tok, logp

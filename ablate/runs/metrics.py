@@ -52,6 +52,24 @@ STEP_METRICS: dict[str, str] = {
     "perf/update_seconds": "seconds spent on forward/backward/optimizer this step",
     "perf/gen_tokens_per_s": "generated completion tokens per second of sampling",
     "perf/train_tokens_per_s": "completion tokens per second of update (all epochs)",
+    # off-policy (docs/offpolicy.md): behaviour policy (sampled the tokens) vs old policy (the trainer's
+    # recompute at the update step), over the tokens the loss counts before IS rejection; w = pi_old / pi_behav
+    # per token, W = prod_t w per completion; computed by ablate/rl/corrections.py::mismatch_metrics
+    "offpolicy/kl_k1": "mean(behav_logp - old_logp): k1 estimate of KL(pi_behav || pi_old); can be negative",
+    "offpolicy/kl_k3": "mean(w - 1 - log w) >= 0: k3 estimate of KL(pi_behav || pi_old)",
+    "offpolicy/chi2_token": "mean(w^2) - 1: chi-square(pi_old || pi_behav) per token, the variance of the token IS weights",
+    "offpolicy/chi2_seq": "mean over completions of W^2, minus 1: the variance of the sequence IS weights",
+    "offpolicy/ess_frac": "Kish effective sample size of the raw token weights over the number of tokens, (sum w)^2 / (n sum w^2)",
+    "offpolicy/ess_frac_seq": "Kish effective sample size of the raw sequence weights W over the number of completions",
+    "offpolicy/ess_frac_corrected": "Kish effective sample size share of the weights actually applied (`recipe.is_correction`), over the kept tokens",
+    "offpolicy/weight_mean": "mean raw token weight w",
+    "offpolicy/weight_max": "max raw token weight w",
+    "offpolicy/is_cap_frac": "share of tokens whose weight the correction truncated at `recipe.is_cap` (tis: w > C; seq_tis: tokens of rows with W > C)",
+    "offpolicy/rejected_token_frac": "share of tokens the correction removed from the loss mask (mis, icepop, seq_mis, seq_geo_mask)",
+    "offpolicy/rejected_seq_frac": "share of completions with no token left in the loss mask after the correction",
+    "offpolicy/max_abs_prob_diff": "per completion the max over its tokens of |p_behav - p_old|, averaged over completions",
+    "offpolicy/lag_mean": "mean over tokens of the optimiser steps between sampling and this update (min(step - 1, `recipe.staleness`))",
+    "offpolicy/lag_max": "max over tokens of that lag",
 }
 
 EVAL_METRICS: dict[str, str] = {

@@ -91,6 +91,9 @@ class ToyPolicy(nn.Module):
     def module(self) -> nn.Module:  # the trained module, as for LMPolicy
         return self
 
+    def sync_weights(self, module: nn.Module, version: int) -> None:  # RolloutEngine: samples with itself
+        assert module is self
+
     def _rows(self, prompt_ids: Tensor) -> Tensor:
         return prompt_ids[:, 0]
 
@@ -98,18 +101,18 @@ class ToyPolicy(nn.Module):
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                greedy: bool = False) -> Rollout:
         rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
-        tens = draw(self.first[rows], temperature, greedy)
-        ones = draw(self.second[rows, tens], temperature, greedy)
-        return self._rollout(rows, tens, ones)
+        tens, logp_tens = draw(self.first[rows], temperature, greedy)
+        ones, logp_ones = draw(self.second[rows, tens], temperature, greedy)
+        return self._rollout(rows, tens, ones, torch.stack([logp_tens, logp_ones], dim=1))
 
-    @staticmethod
-    def _rollout(rows: Tensor, tens: Tensor, ones: Tensor) -> Rollout:
+    def _rollout(self, rows: Tensor, tens: Tensor, ones: Tensor, behav_logp: Tensor) -> Rollout:
         completion = torch.stack([tens, ones], dim=1)  # [N, 2]
         N = len(rows)
         return Rollout(prompt_ids=rows[:, None], prompt_mask=torch.ones(N, 1, dtype=torch.long),
-                       completion_ids=completion, completion_mask=torch.ones(N, 2),
+                       completion_ids=completion, completion_mask=torch.ones(N, 2, dtype=self.first.dtype),  # loss dtype
                        truncated=torch.zeros(N, dtype=torch.bool),
-                       texts=[f"{t}{o}" for t, o in completion.tolist()])
+                       texts=[f"{t}{o}" for t, o in completion.tolist()],
+                       behav_logp=behav_logp)
 
     def logits(self, rollout: Rollout) -> Tensor:
         rows = self._rows(rollout.prompt_ids)
@@ -219,9 +222,13 @@ class ChapterToyPolicy(ToyPolicy):
         rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
         if len(rows) != len(u1):
             raise ValueError(f"the stream drew uniforms for {len(u1)} rows, sample asks for {len(rows)}")
-        tens = inverse_cdf(self.first[rows] / temperature, u1)
-        ones = inverse_cdf(self.second[rows, tens] / temperature, u2)
-        return self._rollout(rows, tens, ones)
+        first = self.first[rows] / temperature
+        tens = inverse_cdf(first, u1)
+        second = self.second[rows, tens] / temperature
+        ones = inverse_cdf(second, u2)
+        behav = torch.stack([first.log_softmax(-1).gather(-1, tens[:, None]).squeeze(-1),
+                             second.log_softmax(-1).gather(-1, ones[:, None]).squeeze(-1)], dim=1).float()
+        return self._rollout(rows, tens, ones, behav)
 
 
 def build_task(cfg: TaskConfig) -> ToyTask:

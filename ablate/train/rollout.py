@@ -3,17 +3,38 @@
 A policy is anything with `sample(...) -> Rollout`, `logits(rollout) -> [N, T, V]`, and `module` (the
 torch module that is trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.tasks.toy.ToyPolicy` is
 the tabular testbed. Completions of one prompt are contiguous: row i belongs to prompt i // G.
+
+The sampling half is a `RolloutEngine`: it samples with behaviour log-probs and receives the trainer's
+weights after every update. Today's engines are the policies themselves (the HF KV-cache loop below, the
+toy table), which sample with the trained module, so receiving weights costs nothing. An inference
+engine such as vLLM would hold its own copy of the weights (docs/offpolicy.md).
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 
 from ablate.rl.sampling import Rollout, draw
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """The seam between the trainer and whatever generates its rollouts."""
+
+    pad_id: int
+
+    def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+               greedy: bool = False) -> Rollout:
+        """n completions per prompt, rows grouped by prompt, with `Rollout.behav_logp`: the log-prob of each
+        sampled token under the distribution it was sampled from (after temperature; 0 where masked)."""
+
+    def sync_weights(self, module: torch.nn.Module, version: int) -> None:
+        """Receive the trained weights after update `version` (the number of optimiser steps so far)."""
 
 
 class LMPolicy:
@@ -33,6 +54,10 @@ class LMPolicy:
         # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
+    def sync_weights(self, module: torch.nn.Module, version: int) -> None:
+        """The KV-cache loop samples with the trained module itself: nothing to copy."""
+        assert module is self.module
+
     def _autocast(self):
         enabled = self.autocast_dtype is not None
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=enabled)
@@ -48,14 +73,15 @@ class LMPolicy:
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                greedy: bool = False) -> Rollout:
-        """n completions per prompt (rows grouped by prompt). Each prompt is prefilled once and its KV
-        cache repeated n times: the n rows of a group share it exactly (causal attention)."""
+        """n completions per prompt (rows grouped by prompt), with the behaviour log-prob of every sampled
+        token (`Rollout.behav_logp`). Each prompt is prefilled once and its KV cache repeated n times: the
+        n rows of a group share it exactly (causal attention)."""
         uids, umask = self.encode(prompts)
         ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
-        tokens = []
+        tokens, logps = [], []
         with self._autocast():
             out = self.module(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                               logits_to_keep=1)
@@ -64,9 +90,10 @@ class LMPolicy:
             next_pos = positions[:, -1:] + 1
             attn = mask
             for t in range(max_new_tokens):
-                tok = draw(logits, temperature, greedy)
+                tok, logp = draw(logits, temperature, greedy)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 tokens.append(tok)
+                logps.append(torch.where(done, torch.zeros_like(logp), logp))  # 0 after EOS (masked)
                 done |= tok == self.eos_id
                 if done.all() or t == max_new_tokens - 1:
                     break
@@ -80,7 +107,8 @@ class LMPolicy:
         # 1 up to and including the first EOS: no EOS strictly before this position
         completion_mask = (is_eos.long().cumsum(-1) - is_eos.long() == 0).float()
         texts = self.tokenizer.batch_decode(completion.masked_fill(is_eos, self.pad_id), skip_special_tokens=True)
-        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts)
+        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts,
+                       behav_logp=torch.stack(logps, dim=1))
 
     def logits(self, rollout: Rollout) -> Tensor:
         """Next-token logits at each completion position, [N, T, V] (with grad).

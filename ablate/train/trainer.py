@@ -28,8 +28,8 @@ from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
-from ablate.train import preemption
-from ablate.train.rollout import LMPolicy
+from ablate.train import offpolicy, preemption
+from ablate.train.rollout import LMPolicy, RolloutEngine
 
 # --- set-up -----------------------------------------------------------------------------------------
 
@@ -52,6 +52,12 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
     use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
     model = load_model(cfg.model.path, device, torch.float32)  # fp32 master weights; bf16 via autocast
     return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None)
+
+
+def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
+    """What samples the training rollouts: today the policy itself (HF KV-cache loop, toy table). An
+    inference engine with its own weights (vLLM, docs/offpolicy.md) would be chosen here."""
+    return policy
 
 
 class NormalizedSGD(torch.optim.Optimizer):
@@ -191,8 +197,9 @@ def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int =
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
-           optimizer, cfg: RunConfig) -> dict[str, float]:
-    """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style)."""
+           optimizer, cfg: RunConfig, is_weights: torch.Tensor | None = None) -> dict[str, float]:
+    """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style); `is_weights`
+    [N,T] multiply the per-token policy loss (behaviour -> old correction, ablate/rl/corrections.py)."""
     r = cfg.recipe
     agg = losses.AGGREGATIONS[r.loss_agg]
     N = len(batch.rollout)
@@ -208,7 +215,8 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
             loss_policy, clip = losses.policy_loss(
                 logp, old, adv[idx], mask, eps_low=r.eps_low, eps_high=r.eps_high, dual_clip=r.dual_clip,
-                ratio_level=r.ratio_level, agg=r.loss_agg, max_len=r.max_new_tokens)
+                ratio_level=r.ratio_level, agg=r.loss_agg, max_len=r.max_new_tokens,
+                is_weights=is_weights[idx] if is_weights is not None else None)
             loss = loss_policy
             kl = torch.zeros(())
             if ref_logp is not None:
@@ -362,6 +370,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else \
         PromptStream(len(train_set), cfg.seed)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
+    pending = offpolicy.Pending()  # sampled batches not yet trained on: the staleness FIFO (k deep)
 
     ckpt = store.load_checkpoint(run_id(cfg))
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
@@ -371,12 +380,14 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         torch.set_rng_state(ckpt["rng"])
         stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
                                                              ("stream", "step", "counters", "wall", "since_eval"))
+        pending = offpolicy.pending_from_state(ckpt.get("pending", []), Batch)
         store.truncate_after(step)
         store.note_resume(step)
     else:
         store.truncate_after(-1)
         log_eval(store, 0, *evaluate(policy, task, heldout, cfg, tokenizer), None)
 
+    engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeRemainingColumn(), disable=not progress)
@@ -388,21 +399,26 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
-            "since_eval": since_eval, "config": to_dict(cfg)}, run_id(cfg))
+            "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending)},
+            run_id(cfg))
 
     with bar, preemption.guard(save_checkpoint):
         while step < cfg.steps:
             with preemption.step():  # a SLURM warning signal waits for the step to end
                 step += 1
                 t0 = time.perf_counter()
-                # 1. rollout + reward (dynamic sampling inside)
+                # 1. rollout + reward (dynamic sampling inside), `staleness` batches ahead of the update
                 fmt_weight = format_weight_at(r.format_weight, r.format_anneal_steps, step)
-                batch = collect(policy, task, train_set, stream, cfg, tokenizer, fmt_weight)
-                greedy = greedy_rewards(policy, task, batch.problems, r, tokenizer, fmt_weight) \
-                    if r.baseline == "greedy" else None
+                while len(pending) <= r.staleness and step - 1 + len(pending) < cfg.steps:
+                    fmt_ahead = format_weight_at(r.format_weight, r.format_anneal_steps, step + len(pending))
+                    fresh = collect(engine, task, train_set, stream, cfg, tokenizer, fmt_ahead)
+                    greedy = greedy_rewards(engine, task, fresh.problems, r, tokenizer, fmt_ahead) \
+                        if r.baseline == "greedy" else None
+                    pending.append((fresh, greedy, step - 1))
+                batch, greedy, version = pending.popleft()  # sampled by the policy after `version` updates
                 t1 = time.perf_counter()
-                # 2. behaviour and reference log-probs (only when used)
-                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature) if needs_old_logp else None
+                # 2. old (pi_old, recomputed now: the PPO anchor) and reference log-probs
+                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature)
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
@@ -416,22 +432,29 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
                                          greedy_rewards=greedy).flatten().to(mask.device, mask.dtype)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
-                # 4. update
+                # behaviour -> old: IS weights, and rejected tokens leave the mask before any denominator
+                is_weights, kept, is_stats = offpolicy.correct(r, old_logp, batch.rollout.behav_logp, loss_mask)
+                off = offpolicy.step_metrics(old_logp, batch.rollout.behav_logp, loss_mask, is_weights, kept.bool(),
+                                             is_stats, lag=step - 1 - version)
+                loss_mask = kept
+                # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
-                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
+                    up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
+                                optimizer, cfg, is_weights)
                     check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
+                engine.sync_weights(policy.module, step)  # the sampler gets the weights of update `step`
                 t3 = time.perf_counter()
                 # 5. log
                 lengths = batch.rollout.lengths
                 counters["samples"] += len(batch.rollout)
                 counters["tokens"] += int(lengths.sum())
                 since_eval.append(float(batch.correct.mean()))
-                row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), "train/lr": lr,
+                row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), **off, "train/lr": lr,
                        "train/format_weight": fmt_weight,
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
