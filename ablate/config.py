@@ -28,6 +28,11 @@ Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
 TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition"]
 Device = Literal["auto", "cpu", "cuda"]
+PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
+TokenSelection = Literal["all", "top_entropy"]
+RewardMode = Literal["verifier", "random", "inverted"]
+# policy losses that take recipe.ratio_level (the others define their own ratio or have none)
+RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
 
 
 class ConfigError(ValueError):
@@ -54,6 +59,9 @@ class TaskConfig:
     answer_format: Literal["boxed", "answer_tag"] = "boxed"
     # toy_addition: fixed per-prompt reward offset, standard normal (a reward model's prompt bias)
     reward_offset: bool = False
+    # control arms for the training reward (held-out evaluation always uses the strict verifier):
+    # random = Bernoulli(0.5) drawn independently of the completion (seeded by the run), inverted = 1 - score
+    reward_mode: RewardMode = "verifier"
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,25 @@ class RecipeConfig:
     max_new_tokens: int = 8
     update_epochs: int = 1
     minibatches: int = 1
+    # policy-loss registry (ablate.rl.losses.POLICY_LOSSES) and each entry's own parameters
+    policy_loss: PolicyLoss = "ppo_clip"
+    cispo_cap: float = 5.0        # cispo: absolute cap on the stop-gradient IS weight, no floor
+    gmpo_eps: float = 0.4         # gmpo: clip range in log space, (-eps, +eps)
+    tau_pos: float = 1.0          # sapo: gate temperature for A > 0
+    tau_neg: float = 1.05         # sapo: gate temperature for A <= 0
+    clip_cov_ratio: float = 2e-4  # clip_cov: share of tokens whose loss is zeroed
+    clip_cov_lb: float = 1.0      # clip_cov: covariance band (lb, ub) of the candidates
+    clip_cov_ub: float = 5.0
+    kl_cov_frac: float = 2e-3     # kl_cov: share of tokens (largest covariance) given the |log ratio| penalty
+    kl_cov_coef: float = 1.0      # kl_cov: coefficient of that penalty
+    delta: float = 4.0            # delta (INTELLECT-2): ratio cap for A < 0; needs delta >= 1 + eps_high
+    # token and sample weighting
+    token_selection: TokenSelection = "all"
+    entropy_quantile: float = 0.2  # top_entropy: share of highest-entropy tokens that keep their loss
+    pos_adv_weight: float = 1.0    # multiplies positive advantages
+    neg_adv_weight: float = 1.0    # multiplies negative advantages
+    pos_nll_coef: float = 0.0      # coefficient of an SFT (NLL) term on positive-advantage samples; 0 = off
+    adv_clip: float | None = None  # clip advantages to [-adv_clip, adv_clip]; null = off
 
 
 @dataclass(frozen=True)
@@ -341,6 +368,30 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(not t.gameable or t.name == "arithmetic", "task.gameable is only defined for task.name='arithmetic'")
     check(not t.reward_offset or t.name == "toy_addition",
           "task.reward_offset is only defined for task.name='toy_addition'")
+    check(r.policy_loss in RATIO_LEVEL_LOSSES or r.ratio_level == "token",
+          f"recipe.ratio_level='sequence' applies to recipe.policy_loss in {list(RATIO_LEVEL_LOSSES)}, "
+          f"not {r.policy_loss!r}")
+    check(r.policy_loss == "ppo_clip" or r.dual_clip is None,
+          "recipe.dual_clip applies to recipe.policy_loss='ppo_clip' only (use 'delta' for the INTELLECT-2 cap)")
+    check(r.cispo_cap > 0, "recipe.cispo_cap must be > 0")
+    check(r.gmpo_eps > 0, "recipe.gmpo_eps must be > 0")
+    check(r.tau_pos > 0 and r.tau_neg > 0, "recipe.tau_pos and recipe.tau_neg must be > 0")
+    check(0 <= r.clip_cov_ratio <= 1, "recipe.clip_cov_ratio must be in [0, 1]")
+    check(r.clip_cov_lb < r.clip_cov_ub, "recipe.clip_cov_lb must be < recipe.clip_cov_ub")
+    check(0 <= r.kl_cov_frac <= 1, "recipe.kl_cov_frac must be in [0, 1] (a fraction, not a percentage)")
+    check(r.kl_cov_coef >= 0, "recipe.kl_cov_coef must be >= 0")
+    check(r.policy_loss != "delta" or r.delta >= 1 + r.eps_high,
+          f"recipe.delta must be >= 1 + recipe.eps_high = {1 + r.eps_high} with recipe.policy_loss='delta'")
+    check(r.policy_loss != "raft" or (r.baseline == "none" and r.scale == "none"),
+          "recipe.policy_loss='raft' trains on rewarded samples: needs recipe.baseline='none' and recipe.scale='none'")
+    check(r.policy_loss != "raft" or r.kl_coef == 0 or r.kl_placement == "loss",
+          "recipe.policy_loss='raft': a KL penalty in the reward would change which samples count as rewarded")
+    check(0 < r.entropy_quantile <= 1, "recipe.entropy_quantile must be in (0, 1]")
+    check(r.token_selection == "all" or r.policy_loss != "gmpo",
+          "recipe.token_selection='top_entropy' needs a token-level loss; recipe.policy_loss='gmpo' is sequence-level")
+    check(r.pos_adv_weight >= 0 and r.neg_adv_weight >= 0, "recipe.pos_adv_weight and neg_adv_weight must be >= 0")
+    check(r.pos_nll_coef >= 0, "recipe.pos_nll_coef must be >= 0 (0 = off)")
+    check(r.adv_clip is None or r.adv_clip > 0, "recipe.adv_clip must be > 0 (or null for off)")
     if t.name == "toy_addition":
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

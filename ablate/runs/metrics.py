@@ -54,6 +54,14 @@ STEP_METRICS: dict[str, str] = {
     "perf/train_tokens_per_s": "completion tokens per second of update (all epochs)",
 }
 
+# policy-loss registry (`recipe.policy_loss`): each is logged only by the losses that define it
+STEP_METRICS.update({
+    "train/cispo_cap_frac": "cispo: share of tokens whose importance ratio exceeds `recipe.cispo_cap` (weight capped)",
+    "train/soft_gate_mean": "sapo: mean gradient weight 4*sigmoid*(1 - sigmoid) of the soft gate over tokens (1 on-policy)",
+    "train/cov_select_frac": "clip_cov / kl_cov: share of tokens selected by covariance (loss zeroed / penalised)",
+    "train/sft_token_frac": "raft: share of tokens in positive-advantage (rewarded) completions, the SFT targets",
+})
+
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
     "eval/pass@1_exact": "exact pass@1 of the tabular toy policy (product of correct-token probabilities)",

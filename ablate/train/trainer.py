@@ -27,7 +27,7 @@ from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
-from ablate.train import preemption
+from ablate.train import preemption, recipes
 from ablate.train.rollout import LMPolicy
 
 
@@ -187,10 +187,11 @@ def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int =
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
-           optimizer, cfg: RunConfig) -> dict[str, float]:
+           optimizer, cfg: RunConfig, step: int = 0) -> dict[str, float]:
     """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style)."""
     r = cfg.recipe
     agg = losses.AGGREGATIONS[r.loss_agg]
+    loss_fn, loss_params = losses.POLICY_LOSSES[r.policy_loss], recipes.policy_loss_params(r, cfg.seed, step)
     N = len(batch.rollout)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     logs: dict[str, list[float]] = {}
@@ -201,9 +202,11 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             logits = policy.logits(sub) / r.temperature                         # [n, T, V]
             logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
             old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
-            loss_policy, clip = losses.policy_loss(
-                logp, old, adv[idx], mask, eps_low=r.eps_low, eps_high=r.eps_high, dual_clip=r.dual_clip,
-                ratio_level=r.ratio_level, agg=r.loss_agg, max_len=r.max_new_tokens)
+            loss_policy, clip = loss_fn(logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens,
+                                        **loss_params, **recipes.token_weight(r, logits, mask))
+            if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
+                loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
+                    logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
             loss = loss_policy
             kl = torch.zeros(())
             if ref_logp is not None:
@@ -402,10 +405,11 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 # 3. advantages, one per completion, broadcast to its tokens
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
                                          greedy_rewards=greedy).flatten().to(mask.device)
+                adv = recipes.shape_advantages(adv, r)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # 4. update
                 try:
-                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
+                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg, step)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"

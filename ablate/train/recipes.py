@@ -1,0 +1,61 @@
+"""Recipe glue for the trainer: the recipe keys of the policy-loss registry, token selection and
+advantage shaping, each read here and nowhere else. Pure functions; the math is in ablate.rl.losses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ablate.config import RATIO_LEVEL_LOSSES, RecipeConfig
+from ablate.rl import losses
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """A CPU generator that depends only on (run seed, step): Clip-Cov's draw is reproducible and the
+    same however the step is executed."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
+
+
+def policy_loss_params(r: RecipeConfig, seed: int = 0, step: int = 0) -> dict:
+    """The keyword parameters of `losses.POLICY_LOSSES[r.policy_loss]` (besides agg and max_len)."""
+    ppo = dict(eps_low=r.eps_low, eps_high=r.eps_high)
+    params = {
+        "ppo_clip": dict(**ppo, dual_clip=r.dual_clip),
+        "cispo": dict(cispo_cap=r.cispo_cap),
+        "gmpo": dict(eps_low=r.gmpo_eps, eps_high=r.gmpo_eps),
+        "sapo": dict(tau_pos=r.tau_pos, tau_neg=r.tau_neg),
+        "clip_cov": dict(**ppo, clip_cov_ratio=r.clip_cov_ratio, clip_cov_lb=r.clip_cov_lb,
+                         clip_cov_ub=r.clip_cov_ub, generator=step_generator(seed, step)),
+        "kl_cov": dict(kl_cov_frac=r.kl_cov_frac, kl_cov_coef=r.kl_cov_coef),
+        "gpg": {},
+        "delta": dict(**ppo, delta=r.delta),
+        "raft": {},
+    }[r.policy_loss]
+    if r.policy_loss in RATIO_LEVEL_LOSSES:
+        params["ratio_level"] = r.ratio_level
+    return params
+
+
+def token_weight(r: RecipeConfig, logits: Tensor, mask: Tensor) -> dict:
+    """{"token_weight": kept tokens [n,T]} for `token_selection='top_entropy'`, else {} (every token).
+
+    The entropy quantile is taken over the minibatch in hand (a batch-level statistic)."""
+    if r.token_selection == "all":
+        return {}
+    with torch.no_grad():
+        entropies = losses.entropy_from_logits(logits.detach())  # [n,T]
+    return {"token_weight": losses.top_entropy_mask(entropies, mask, r.entropy_quantile)}
+
+
+def shape_advantages(adv: Tensor, r: RecipeConfig) -> Tensor:
+    """Positive / negative advantage weights, then clipping to [-adv_clip, adv_clip]. Identity by default.
+
+    Weights multiply the advantage (so the loss term of every loss that is linear in A); they act
+    before Clip-Cov / KL-Cov compute their covariance."""
+    if r.pos_adv_weight != 1.0 or r.neg_adv_weight != 1.0:
+        adv = torch.where(adv > 0, r.pos_adv_weight * adv, torch.where(adv < 0, r.neg_adv_weight * adv, adv))
+    if r.adv_clip is not None:
+        adv = adv.clamp(-r.adv_clip, r.adv_clip)
+    return adv
