@@ -31,6 +31,7 @@ Device = Literal["auto", "cpu", "cuda"]
 PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
 TokenSelection = Literal["all", "top_entropy"]
 RewardMode = Literal["verifier", "random", "inverted"]
+AdvWhiten = Literal["none", "token", "token_returns"]
 # policy losses that take recipe.ratio_level (the others define their own ratio or have none)
 RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
 
@@ -118,6 +119,10 @@ class RecipeConfig:
     neg_adv_weight: float = 1.0    # multiplies negative advantages
     pos_nll_coef: float = 0.0      # coefficient of an SFT (NLL) term on positive-advantage samples; 0 = off
     adv_clip: float | None = None  # clip advantages to [-adv_clip, adv_clip]; null = off
+    # REINFORCE++ (Hu 2025): token = whiten the advantages over all counted tokens of the batch
+    # (REINFORCE++-baseline's global normalisation); token_returns = per-token KL rewards, reward-to-go
+    # returns, then that whitening (REINFORCE++ itself). Token-level advantages [N,T].
+    adv_whiten: AdvWhiten = "none"
 
 
 @dataclass(frozen=True)
@@ -191,11 +196,32 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Ahmadian et al. 2024, Back to Basics (RLOO): leave-one-out baseline, KL penalty in the reward.
     "rloo": dict(baseline="leave_one_out", scale="none", loss_agg="seq_mean_token_mean",
                  kl_coef=0.05, kl_estimator="k1", kl_placement="reward"),
-    # Hu 2025, REINFORCE++: batch-mean baseline, batch (global) std, KL in the reward.
-    "reinforce_pp": dict(baseline="batch_mean", scale="batch", loss_agg="token_mean",
+    # Hu 2025, REINFORCE++ (arXiv 2501.03262): k1 KL per token in the reward, reward-to-go returns,
+    # whitened over all tokens of the batch (no other baseline), token-level loss.
+    "reinforce_pp": dict(baseline="none", scale="none", adv_whiten="token_returns", loss_agg="token_mean",
                          kl_coef=0.01, kl_estimator="k1", kl_placement="reward"),
     # Liu et al. 2025, Tricks or Traps? Part I (Lite PPO): group mean, batch std, token-level loss.
     "lite_ppo": dict(baseline="group_mean", scale="batch", loss_agg="token_mean", kl_coef=0.0),
+    # REINFORCE++-baseline (Hu 2025; OpenRLHF's reinforce_baseline): group mean, then whitening over all
+    # tokens of the batch (re-centred), KL k2 in the loss (coefficient of OpenRLHF's script).
+    "reinforce_pp_baseline": dict(baseline="group_mean", scale="none", adv_whiten="token", loss_agg="token_mean",
+                                  kl_coef=1e-5, kl_estimator="k2", kl_placement="loss"),
+    # MiniMax 2025, MiniMax-M1 (arXiv 2506.13585): CISPO, token-level loss, no KL, with DAPO's dynamic
+    # sampling; the IS-weight cap 5 is TRL's and SkyRL's value (the M1 value is not in the paper text).
+    "cispo": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="group", loss_agg="token_mean",
+                  kl_coef=0.0, dynamic_sampling=True),
+    # Zheng et al. 2025, Group Sequence Policy Optimization (Qwen3, arXiv 2507.18071): sequence-level
+    # ratio (length-normalised), clip range 3e-4 / 4e-4, group advantages, per-sequence mean, no KL.
+    "gspo": dict(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4, baseline="group_mean", scale="group",
+                 loss_agg="seq_mean_token_mean", kl_coef=0.0),
+    # Khatri et al. 2025, The Art of Scaling RL Compute for LLMs (ScaleRL, arXiv 2510.13786): CISPO
+    # (cap 5), group mean with batch-level std, zero-variance filtering (dead groups dropped, not
+    # resampled: one generation round), no KL. Its prompt-level loss average is not an aggregation
+    # here: token_mean is the nearest; logits are always upcast to fp32 for log-probs.
+    "scalerl": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="batch", loss_agg="token_mean",
+                    dynamic_sampling=True, max_gen_rounds=1, kl_coef=0.0),
+    # Rejection-sampling fine-tuning (RAFT, Dong et al. 2023; Xiong et al. 2025): SFT on rewarded samples.
+    "raft": dict(policy_loss="raft", baseline="none", scale="none", kl_coef=0.0),
 }
 
 
@@ -392,6 +418,12 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(r.pos_adv_weight >= 0 and r.neg_adv_weight >= 0, "recipe.pos_adv_weight and neg_adv_weight must be >= 0")
     check(r.pos_nll_coef >= 0, "recipe.pos_nll_coef must be >= 0 (0 = off)")
     check(r.adv_clip is None or r.adv_clip > 0, "recipe.adv_clip must be > 0 (or null for off)")
+    check(r.adv_whiten != "token_returns" or (r.baseline == "none" and r.scale == "none"),
+          "recipe.adv_whiten='token_returns' whitens raw returns: needs recipe.baseline='none' and recipe.scale='none'")
+    check(r.adv_whiten != "token_returns" or r.kl_coef == 0 or r.kl_placement == "reward",
+          "recipe.adv_whiten='token_returns' puts the KL in the token rewards: needs recipe.kl_placement='reward'")
+    check(r.adv_whiten == "none" or r.policy_loss != "gmpo",
+          "recipe.adv_whiten gives token-level advantages; recipe.policy_loss='gmpo' needs one per completion")
     if t.name == "toy_addition":
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

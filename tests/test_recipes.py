@@ -141,3 +141,34 @@ def test_reward_controls(tmp_path):
     assert final["verifier"] > start + 0.2, final
     assert final["inverted"] < start  # trained away from the answer
     assert abs(final["random"] - start) < 0.1, final  # no signal: pass@1 drifts, does not climb
+
+
+# --- REINFORCE++ and presets ------------------------------------------------------------------
+
+def test_reinforce_pp_presets():
+    from ablate.config import PRESETS
+
+    rpp = parse({"preset": "reinforce_pp"}).recipe
+    assert (rpp.baseline, rpp.scale, rpp.adv_whiten, rpp.kl_placement, rpp.kl_estimator) == (
+        "none", "none", "token_returns", "reward", "k1")
+    base = parse({"preset": "reinforce_pp_baseline"}).recipe
+    assert (base.baseline, base.adv_whiten, base.kl_placement, base.kl_estimator) == ("group_mean", "token", "loss", "k2")
+    for name in PRESETS:
+        parse({"preset": name})  # every preset is a valid config on the default task
+    with pytest.raises(ConfigError, match="token_returns"):
+        parse({"recipe": {"adv_whiten": "token_returns"}})  # group baseline with raw returns
+
+
+def test_token_level_advantages_through_the_loop(tmp_path):
+    for i, whiten in enumerate(("token", "token_returns")):
+        over = ["recipe.baseline=none", "recipe.scale=none"] if whiten == "token_returns" else []
+        store = run(toy(f"recipe.adv_whiten={whiten}", *over, *OFF_POLICY), tmp_path / whiten)
+        evals = [r["eval/pass@1_exact"] for r in store.read("evals")]
+        assert evals[-1] > evals[0] + 0.2, (whiten, evals)
+
+
+def test_group_size_one_reports_dead_groups_as_not_applicable(tmp_path):
+    store = run(toy("recipe.group_size=1", "prompts_per_step=64", "recipe.baseline=none", "recipe.scale=none",
+                    "recipe.adv_whiten=token", "steps=3", "eval.every=0"), tmp_path)
+    rows = store.read("metrics")
+    assert all(r["train/dead_group_frac"] != r["train/dead_group_frac"] for r in rows)  # NaN

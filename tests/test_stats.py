@@ -85,3 +85,10 @@ def test_masked_mean_and_std():
     assert_close(masked_std(x, m, ddof=1), torch.tensor(1.0), atol=1e-6, rtol=0)
     empty = torch.zeros_like(m)
     assert masked_mean(x, empty).item() == 0.0 and masked_std(x, empty).item() == 0.0
+
+
+def test_group_stats_g1_dead_is_not_applicable():
+    s = group_stats(torch.tensor([[1.0], [0.0]]), torch.tensor([[True], [False]]))
+    assert math.isnan(s["dead_frac"]) and math.isnan(s["dead_all_correct_frac"])
+    assert math.isnan(s["dead_all_wrong_frac"])
+    assert s["all_correct_frac"] == 0.5 and s["solve_rate"] == 0.5

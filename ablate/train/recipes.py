@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ablate.config import RATIO_LEVEL_LOSSES, RecipeConfig
 from ablate.rl import losses
+from ablate.rl.advantages import batch_token_scale, reinforce_pp_advantages
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -59,3 +60,21 @@ def shape_advantages(adv: Tensor, r: RecipeConfig) -> Tensor:
     if r.adv_clip is not None:
         adv = adv.clamp(-r.adv_clip, r.adv_clip)
     return adv
+
+
+def whiten_advantages(adv: Tensor, r: RecipeConfig, task_rewards: Tensor, kl_tok: Tensor | None,
+                      mask: Tensor) -> Tensor:
+    """`recipe.adv_whiten`: adv [N] unchanged ('none'), or token-level [N,T] advantages whitened over the
+    counted tokens of `mask` ('token': REINFORCE++-baseline; 'token_returns': REINFORCE++ with the
+    per-token KL kl_tok [N,T] (None when KL is off) in the rewards and task_rewards [B,G] at the end)."""
+    if r.adv_whiten == "none":
+        return adv
+    if r.adv_whiten == "token":
+        return batch_token_scale(adv, mask, ddof=r.std_ddof, eps=r.std_eps)
+    rewards = task_rewards.flatten().to(mask.device)
+    return reinforce_pp_advantages(rewards, mask, kl_tok, r.kl_coef, ddof=r.std_ddof, eps=r.std_eps)
+
+
+def per_completion(adv: Tensor) -> Tensor:
+    """One advantage per completion for logging: adv [N] itself, or the first token's of adv [N,T]."""
+    return adv if adv.dim() == 1 else adv[:, 0]

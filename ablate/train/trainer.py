@@ -396,17 +396,17 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
-                kl_reward = torch.zeros_like(rewards)
+                kl_reward, kl_tok = torch.zeros_like(rewards), None
                 if ref is not None and r.kl_placement == "reward":  # PPO/REINFORCE++: KL as a reward term
                     kl_tok = losses.KL_ESTIMATORS[r.kl_estimator](old_logp, ref_logp)
                     kl_reward = r.kl_coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
                     rewards = rewards - kl_reward
                 t2 = time.perf_counter()
-                # 3. advantages, one per completion, broadcast to its tokens
+                # 3. advantages, one per completion broadcast to its tokens (or per token: recipe.adv_whiten)
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
                                          greedy_rewards=greedy).flatten().to(mask.device)
-                adv = recipes.shape_advantages(adv, r)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
+                adv = recipes.shape_advantages(recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask), r)
                 # 4. update
                 try:
                     up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg, step)
@@ -421,7 +421,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 counters["samples"] += len(batch.rollout)
                 counters["tokens"] += int(lengths.sum())
                 since_eval.append(float(batch.correct.mean()))
-                row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), "train/lr": lr,
+                adv_row = recipes.per_completion(adv)  # [N] for the logs
+                row = {**step_metrics(batch, rewards, kl_reward, adv_row, mask, up), "train/lr": lr,
                        "train/format_weight": fmt_weight,
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
@@ -433,7 +434,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
                     ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
-                    samples += train_samples(task, batch, rewards, adv, cfg, tokenizer)
+                    samples += train_samples(task, batch, rewards, adv_row, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)))
                     since_eval = []
                     if should_prune is not None and step < cfg.steps and should_prune(step, ev):
