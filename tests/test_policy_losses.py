@@ -37,8 +37,12 @@ PPO = dict(eps_low=0.2, eps_high=0.2)
 
 
 def test_ppo_clip_is_policy_loss_and_matches_reference():
-    assert POLICY_LOSSES["ppo_clip"] is policy_loss
-    loss, grad, _ = run("ppo_clip", dual_clip=None, **PPO)
+    loss, grad, stats = run("ppo_clip", dual_clip=None, **PPO)
+    logp = torch.tensor(NEW_P, dtype=D).log().requires_grad_(True)
+    ref, ref_stats = policy_loss(logp, torch.tensor(OLD_P, dtype=D).log(), ADV, MASK, eps_low=0.2, eps_high=0.2,
+                                 agg="token_mean", max_len=4)
+    assert loss == ref.item() and torch.equal(grad, torch.autograd.grad(ref, logp)[0])
+    assert stats == ref_stats
     assert loss == pytest.approx(0.1714, abs=1e-4)
     assert_close(grad, t([[0.0, -0.1429, -0.1000], [0.0929, 0.0, 0.0786, 0.3571]]), **TOL)
     assert run("ppo_clip", agg="seq_mean_token_mean", dual_clip=None, **PPO)[0] == pytest.approx(0.0292, abs=1e-4)

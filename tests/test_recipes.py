@@ -92,10 +92,10 @@ def test_shape_advantages_hand_example():
 
 
 def test_token_weight_only_with_top_entropy():
-    logits = torch.randn(3, 5, 7)
+    entropies = torch.rand(3, 5)
     mask = torch.ones(3, 5, dtype=torch.bool)
-    assert recipes.token_weight(RecipeConfig(), logits, mask) == {}
-    keep = recipes.token_weight(RecipeConfig(token_selection="top_entropy"), logits, mask)["token_weight"]
+    assert recipes.token_weight(RecipeConfig(), entropies, mask) == {}
+    keep = recipes.token_weight(RecipeConfig(token_selection="top_entropy"), entropies, mask)["token_weight"]
     assert int(keep.sum()) == 3  # 20 % of 15 tokens, distinct entropies
 
 
@@ -172,3 +172,26 @@ def test_group_size_one_reports_dead_groups_as_not_applicable(tmp_path):
                     "recipe.adv_whiten=token", "steps=3", "eval.every=0"), tmp_path)
     rows = store.read("metrics")
     assert all(r["train/dead_group_frac"] != r["train/dead_group_frac"] for r in rows)  # NaN
+
+
+def test_new_metrics_by_hand():
+    from ablate.rl.losses import policy_diagnostics
+
+    old = torch.tensor([[0.2, 0.5, 0.4, 1.0], [0.1, 0.5, 0.25, 0.1]], dtype=torch.float64).log()
+    new = torch.tensor([[0.3, 0.5, 0.28, 1.0], [0.13, 0.3, 0.275, 0.5]], dtype=torch.float64).log()
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    h = torch.tensor([[0.10, 0.30, 2.00, 9.0], [0.05, 0.20, 1.50, 0.90]], dtype=torch.float64)
+    d = policy_diagnostics(new, old, torch.tensor([1.0, -0.5], dtype=torch.float64), mask, h)
+    assert d["policy/entropy_adv_cov"].item() == pytest.approx(0.0920, abs=1e-4)  # with logp
+    rho = torch.tensor([1.5, 1.0, 0.7, 1.3, 0.6, 1.1, 5.0], dtype=torch.float64)
+    assert d["ppo_kl"].item() == pytest.approx(float((rho - 1 - rho.log()).mean()), abs=1e-12)
+    assert d["high_entropy_token_frac"].item() == pytest.approx(3 / 7)  # 2.0, 1.5, 0.9 > 0.672
+
+
+def test_toy_logs_maj_at_k_and_new_metrics(tmp_path):
+    store = run(toy("steps=3", "eval.every=0"), tmp_path)
+    ev, m = store.read("evals")[-1], store.read("metrics")[-1]
+    assert 0 <= ev["eval/maj@1"] <= 1 and ev["eval/maj@1"] == pytest.approx(ev["eval/pass@1"], abs=0.2)
+    assert ev["eval/maj@8"] >= 0 and {"policy/entropy_adv_cov", "train/ppo_kl", "train/adv_abs_max",
+                                      "train/terminated_len_mean", "train/high_entropy_token_frac"} <= set(m)
+    assert m["train/ppo_kl"] == 0.0  # one on-policy update per rollout

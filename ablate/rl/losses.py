@@ -236,6 +236,13 @@ def _covariance(logp: Tensor, advantages: Tensor, m: Tensor) -> Tensor:
     return _zero_where_masked(cov, m)
 
 
+def ppo_clip(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float,
+             dual_clip: float | None = None, ratio_level: str = "token", token_weight: Tensor | None = None):
+    """The PPO clipped surrogate: exactly `policy_loss` (looked up at call time)."""
+    return policy_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+                       ratio_level=ratio_level, agg=agg, max_len=max_len, token_weight=token_weight)
+
+
 def cispo(logp, old_logp, advantages, mask, *, agg, max_len, cispo_cap: float, ratio_level: str = "token",
           token_weight: Tensor | None = None):
     """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585): l = -sg(min(rho, cap)) * A * logp.
@@ -403,7 +410,7 @@ def raft(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor
 
 
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
-    "ppo_clip": policy_loss,
+    "ppo_clip": ppo_clip,
     "cispo": cispo,
     "gmpo": gmpo,
     "sapo": sapo,
@@ -429,3 +436,25 @@ def top_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor
         return torch.zeros_like(m)
     tau = torch.quantile(h[m].double(), 1 - quantile).to(h.dtype)
     return m & (h >= tau)
+
+
+# --- per-update diagnostics (detached) ---------------------------------------------------------------
+
+# Share of tokens above this entropy: the 80th percentile of token entropy Wang et al. 2025 report for
+# Qwen3 chain-of-thought (0.672 nats) [as recalled from the paper]; a fixed yardstick across runs.
+HIGH_ENTROPY_NATS = 0.672
+
+
+@torch.no_grad()
+def policy_diagnostics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                       entropies: Tensor) -> dict[str, Tensor]:
+    """policy/entropy_adv_cov: mean over counted tokens of (logp - mu_lp)(A - mu_A), logp of the current forward
+    (Cui et al. 2025, arXiv 2505.22617: positive means entropy is expected to fall); ppo_kl: k3 estimate
+    of KL(pi_old || pi_theta) per token on the sampled tokens (0 on-policy); high_entropy_token_frac:
+    share of counted tokens with entropy > HIGH_ENTROPY_NATS."""
+    m = mask.bool()
+    return {
+        "policy/entropy_adv_cov": masked_mean(_covariance(logp, advantages, m), m),
+        "ppo_kl": masked_mean(_k3(old_logp, logp.detach()), m),  # d = logp - old_logp: r - 1 - log r
+        "high_entropy_token_frac": masked_mean((entropies > HIGH_ENTROPY_NATS).float(), m),
+    }

@@ -70,6 +70,29 @@ def mean_pass_at_k(n_correct: Sequence[int] | Tensor, n: int, k: int) -> float:
     return sum(pass_at_k(n, int(c), k) for c in counts) / len(counts)
 
 
+# --- majority vote (maj@k) -------------------------------------------------------------------------
+
+def majority_correct(answers: Sequence, correct: Sequence[bool]) -> bool:
+    """Is the plurality answer correct? answers[j] is sample j's extracted answer (None = no answer,
+    never voted for), correct[j] its verifier outcome. Ties go to the answer seen first. No answer -> False."""
+    votes: dict = {}
+    for a, ok in zip(answers, correct):
+        if a is not None:
+            n, first_ok = votes.get(a, (0, bool(ok)))
+            votes[a] = (n + 1, first_ok)
+    if not votes:
+        return False
+    best = max(votes.values(), key=lambda v: v[0])  # max keeps the first of equal counts
+    return best[1]
+
+
+def mean_maj_at_k(answers: Sequence[Sequence], correct: Sequence[Sequence[bool]], k: int) -> float:
+    """maj@k averaged over problems: the majority vote over each problem's first k samples."""
+    if not answers:
+        raise ValueError("mean_maj_at_k: no problems given")
+    return sum(majority_correct(a[:k], c[:k]) for a, c in zip(answers, correct)) / len(answers)
+
+
 # --- group health ---------------------------------------------------------------------------------
 
 def group_stats(rewards: Tensor, correct: Tensor) -> dict[str, float]:

@@ -62,8 +62,18 @@ STEP_METRICS.update({
     "train/sft_token_frac": "raft: share of tokens in positive-advantage (rewarded) completions, the SFT targets",
 })
 
+# entropy mechanism and update-size diagnostics (Cui et al. 2025; Wang et al. 2025)
+STEP_METRICS.update({
+    "policy/entropy_adv_cov": "mean over tokens of (logp - mean logp)(A - mean A), logp of the update's forward (Cui et al. 2025): > 0 means entropy is expected to fall; mean over the step's minibatch updates",
+    "train/high_entropy_token_frac": "share of tokens whose entropy exceeds 0.672 nats (the 80th percentile Wang et al. 2025 report for Qwen3; a fixed yardstick)",
+    "train/ppo_kl": "k3 estimate of KL(pi_old || pi_theta) per token on the sampled tokens (0 on-policy), mean over minibatch updates",
+    "train/adv_abs_max": "max |advantage| over completions (first token's for token-level advantages)",
+    "train/terminated_len_mean": "mean length of the completions that ended with EOS (NaN if every completion was truncated)",
+})
+
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
+    "eval/maj@{k}": "held-out majority vote: share of problems whose most frequent extracted answer among the first k samples is correct (tasks without answer extraction vote on the verifier outcome: all correct samples count as one answer, each distinct wrong text as another)",
     "eval/pass@1_exact": "exact pass@1 of the tabular toy policy (product of correct-token probabilities)",
     "eval/greedy_acc": "share of held-out problems solved by the greedy decode",
     "eval/reward_mean": "mean strict-verifier reward of held-out samples",
@@ -78,7 +88,7 @@ def is_defined(name: str) -> bool:
     """True if `name` is in one of the tables (pass@k matches any k)."""
     if name in STEP_METRICS or name in EVAL_METRICS:
         return True
-    return re.fullmatch(r"eval/pass@\d+", name) is not None
+    return re.fullmatch(r"eval/(pass|maj)@\d+", name) is not None
 
 
 def render_markdown() -> str:

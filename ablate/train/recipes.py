@@ -39,14 +39,12 @@ def policy_loss_params(r: RecipeConfig, seed: int = 0, step: int = 0) -> dict:
     return params
 
 
-def token_weight(r: RecipeConfig, logits: Tensor, mask: Tensor) -> dict:
+def token_weight(r: RecipeConfig, entropies: Tensor, mask: Tensor) -> dict:
     """{"token_weight": kept tokens [n,T]} for `token_selection='top_entropy'`, else {} (every token).
 
-    The entropy quantile is taken over the minibatch in hand (a batch-level statistic)."""
+    entropies [n,T] per token; the quantile is taken over the minibatch in hand (a batch-level statistic)."""
     if r.token_selection == "all":
         return {}
-    with torch.no_grad():
-        entropies = losses.entropy_from_logits(logits.detach())  # [n,T]
     return {"token_weight": losses.top_entropy_mask(entropies, mask, r.entropy_quantile)}
 
 

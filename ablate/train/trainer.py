@@ -202,8 +202,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             logits = policy.logits(sub) / r.temperature                         # [n, T, V]
             logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
             old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
+            ent_tok = losses.entropy_from_logits(logits if r.entropy_coef else logits.detach())  # [n, T]
             loss_policy, clip = loss_fn(logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens,
-                                        **loss_params, **recipes.token_weight(r, logits, mask))
+                                        **loss_params, **recipes.token_weight(r, ent_tok, mask))
             if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
                 loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
                     logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
@@ -213,12 +214,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                 kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[idx]), mask, r.max_new_tokens)
                 if r.kl_placement == "loss":
                     loss = loss + r.kl_coef * kl
+            entropy = agg(ent_tok, mask, r.max_new_tokens)
             if r.entropy_coef:
-                entropy = agg(losses.entropy_from_logits(logits), mask, r.max_new_tokens)
                 loss = loss - r.entropy_coef * entropy
-            else:
-                with torch.no_grad():
-                    entropy = agg(losses.entropy_from_logits(logits), mask, r.max_new_tokens)
             if not torch.isfinite(loss):
                 raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
             optimizer.zero_grad(set_to_none=True)
@@ -226,7 +224,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             optimizer.step()
             row = {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": entropy,
-                   "grad_norm": grad_norm, **clip}
+                   "grad_norm": grad_norm, **clip, **losses.policy_diagnostics(logp, old, adv[idx], mask, ent_tok)}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
                 row["entropy"], row["kl"] = entropy, kl
             for k, v in row.items():
@@ -242,13 +240,20 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
 def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, chunk: int = 64):
     """Held-out pass@k (strict verifier, n samples at eval temperature), greedy accuracy, samples."""
     e, n = cfg.eval, cfg.eval.n_samples
-    counts, rewards, lengths, greedy, samples = [], [], [], [], []
+    counts, rewards, lengths, greedy, samples, answers, oks = [], [], [], [], [], [], []
+    # maj@k votes over the task's extracted answers; a task without `extract` votes on the verifier
+    # outcome: every correct sample counts as one answer, each wrong one as its own stripped text
+    extract = getattr(task, "extract", None)
     for start in range(0, len(heldout), chunk):
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
         ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
         scores = torch.tensor([task.score(probs[i // n], t) for i, t in enumerate(ro.texts)]).view(len(probs), n)
         counts += (scores >= 1).sum(1).tolist()
+        oks += (scores >= 1).tolist()
+        answers += [[extract(t) if extract else ("<correct>" if ok else t.strip())
+                     for t, ok in zip(ro.texts[i * n:(i + 1) * n], (scores[i] >= 1).tolist())]
+                    for i in range(len(probs))]
         rewards.append(scores.flatten())
         lengths.append(ro.lengths.cpu())
         g = policy.sample(prompts, 1, 1.0, cfg.recipe.max_new_tokens, greedy=True)
@@ -258,6 +263,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
                         "reward": float(scores[i, 0]), "correct": bool(scores[i, 0] >= 1)}
                        for i in range(min(e.num_samples_logged, len(probs)))]
     row = {f"eval/pass@{k}": stats.mean_pass_at_k(counts, n, k) for k in e.ks}
+    row.update({f"eval/maj@{k}": stats.mean_maj_at_k(answers, oks, k) for k in e.ks})
     row.update({
         "eval/greedy_acc": float(np.mean(greedy)),
         "eval/reward_mean": float(torch.cat(rewards).mean()),
@@ -287,7 +293,9 @@ def step_metrics(batch: Batch, rewards, kl_reward, adv, mask, up: dict) -> dict[
         "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
         "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * mask).sum() / mask.sum()),
         "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
-        **{f"train/{k}": v for k, v in up.items()},
+        **{k if "/" in k else f"train/{k}": v for k, v in up.items()},  # e.g. policy/entropy_adv_cov as is
+        "train/adv_abs_max": float(adv.abs().max()),
+        "train/terminated_len_mean": float(lengths[~batch.rollout.truncated].float().mean()),  # NaN if none
         "train/completion_len_mean": float(lengths.float().mean()),
         "train/completion_len_max": float(lengths.max()),
         "train/truncation_rate": float(batch.rollout.truncated.float().mean()),
