@@ -123,6 +123,11 @@ class RecipeConfig:
     # (REINFORCE++-baseline's global normalisation); token_returns = per-token KL rewards, reward-to-go
     # returns, then that whitening (REINFORCE++ itself). Token-level advantages [N,T].
     adv_whiten: AdvWhiten = "none"
+    # regularisation dynamics: hard reference reset every N steps (ProRL; 0 = never) and an adaptive
+    # KL coefficient steered to a per-token KL target (Ziegler et al. 2019, horizon form; null = fixed)
+    ref_reset_every: int = 0
+    kl_target: float | None = None
+    kl_horizon: int = 10000
 
 
 @dataclass(frozen=True)
@@ -424,6 +429,12 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.adv_whiten='token_returns' puts the KL in the token rewards: needs recipe.kl_placement='reward'")
     check(r.adv_whiten == "none" or r.policy_loss != "gmpo",
           "recipe.adv_whiten gives token-level advantages; recipe.policy_loss='gmpo' needs one per completion")
+    check(r.ref_reset_every >= 0, "recipe.ref_reset_every must be >= 0 (0 = never)")
+    check(r.ref_reset_every == 0 or r.kl_coef > 0,
+          "recipe.ref_reset_every resets the KL reference, which exists only with recipe.kl_coef > 0")
+    check(r.kl_target is None or (r.kl_target > 0 and r.kl_coef > 0),
+          "recipe.kl_target must be > 0 and needs recipe.kl_coef > 0 (the initial coefficient)")
+    check(r.kl_horizon >= 1, "recipe.kl_horizon must be >= 1")
     if t.name == "toy_addition":
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

@@ -195,3 +195,55 @@ def test_toy_logs_maj_at_k_and_new_metrics(tmp_path):
     assert ev["eval/maj@8"] >= 0 and {"policy/entropy_adv_cov", "train/ppo_kl", "train/adv_abs_max",
                                       "train/terminated_len_mean", "train/high_entropy_token_frac"} <= set(m)
     assert m["train/ppo_kl"] == 0.0  # one on-policy update per rollout
+
+
+# --- regularisation dynamics: adaptive KL and reference resets -----------------------------------
+
+def test_adaptive_kl_worked_example():
+    beta, out = 0.05, []
+    for kl in (0.02, 0.08, 0.15, 0.40):
+        beta = recipes.adaptive_kl_coef(beta, kl, target=0.1, horizon=10000, n_samples=512)
+        out.append(beta)
+    assert out == pytest.approx([0.049488, 0.048981, 0.049483, 0.049990], abs=1e-6)
+    # the paper's K_beta = 0.1 per update is horizon = n_samples * 10
+    assert recipes.adaptive_kl_coef(0.05, 0.02, 0.1, 5120, 512) == pytest.approx(0.049, abs=1e-9)
+
+
+def test_regularisation_keys_validated():
+    with pytest.raises(ConfigError, match="recipe.ref_reset_every"):
+        parse({"recipe": {"ref_reset_every": 5, "kl_coef": 0.0}})
+    with pytest.raises(ConfigError, match="recipe.kl_target"):
+        parse({"recipe": {"kl_target": 0.1, "kl_coef": 0.0}})
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from ablate.train.models import build_base_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    build_base_model(path, steps=10, progress=False)
+    return str(path)
+
+
+def lm(model_dir, steps, **recipe):
+    return parse({"model": {"path": model_dir}, "tracking": {"wandb": {"mode": "disabled"}},
+                  "task": {"num_train": 64, "num_heldout": 8, "digits": [1], "operators": ["+"], "gameable": True},
+                  "prompts_per_step": 4, "steps": steps, "checkpoint_every": 0,
+                  "eval": {"every": 0, "n_samples": 2, "ks": [1, 2]},
+                  "recipe": {"group_size": 4, "max_new_tokens": 6, "kl_coef": 0.04, **recipe}})
+
+
+def test_reference_reset_restarts_the_kl(tiny_lm, tmp_path):
+    rows = run(lm(tiny_lm, 4, ref_reset_every=2), tmp_path).read("metrics")
+    assert [r["kl/ref_resets"] for r in rows] == [0, 1, 1, 2]
+    assert [r["kl/steps_since_reset"] for r in rows] == [1, 0, 1, 0]
+    assert rows[1]["train/kl"] > 0  # the policy moved away from the base model after step 1
+    assert abs(rows[2]["train/kl"]) < 1e-6  # right after the reset: reference = policy at the first minibatch
+
+
+def test_adaptive_kl_moves_the_coefficient(tiny_lm, tmp_path):
+    rows = run(lm(tiny_lm, 3, kl_target=1e-6, kl_horizon=16), tmp_path).read("metrics")
+    coefs = [r["kl/coef"] for r in rows]
+    assert coefs[0] == 0.04
+    # KL above the target after step 1: the coefficient grows by at most 1 + 0.2 * 16 / 16 per step
+    assert coefs[2] > coefs[1] and coefs[2] <= coefs[1] * 1.2 + 1e-12

@@ -68,6 +68,9 @@ STEP_METRICS.update({
     "train/high_entropy_token_frac": "share of tokens whose entropy exceeds 0.672 nats (the 80th percentile Wang et al. 2025 report for Qwen3; a fixed yardstick)",
     "train/ppo_kl": "k3 estimate of KL(pi_old || pi_theta) per token on the sampled tokens (0 on-policy), mean over minibatch updates",
     "train/adv_abs_max": "max |advantage| over completions (first token's for token-level advantages)",
+    "kl/coef": "KL coefficient used this step (`recipe.kl_coef`, adapted towards `recipe.kl_target` when set; absent when KL is off)",
+    "kl/ref_resets": "reference resets so far (`recipe.ref_reset_every` > 0 only)",
+    "kl/steps_since_reset": "steps since the last reference reset (0 right after one; `recipe.ref_reset_every` > 0 only)",
     "train/terminated_len_mean": "mean length of the completions that ended with EOS (NaN if every completion was truncated)",
 })
 

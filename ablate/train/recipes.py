@@ -4,6 +4,8 @@ advantage shaping, each read here and nowhere else. Pure functions; the math is 
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -61,7 +63,7 @@ def shape_advantages(adv: Tensor, r: RecipeConfig) -> Tensor:
 
 
 def whiten_advantages(adv: Tensor, r: RecipeConfig, task_rewards: Tensor, kl_tok: Tensor | None,
-                      mask: Tensor) -> Tensor:
+                      mask: Tensor, kl_coef: float | None = None) -> Tensor:
     """`recipe.adv_whiten`: adv [N] unchanged ('none'), or token-level [N,T] advantages whitened over the
     counted tokens of `mask` ('token': REINFORCE++-baseline; 'token_returns': REINFORCE++ with the
     per-token KL kl_tok [N,T] (None when KL is off) in the rewards and task_rewards [B,G] at the end)."""
@@ -70,9 +72,50 @@ def whiten_advantages(adv: Tensor, r: RecipeConfig, task_rewards: Tensor, kl_tok
     if r.adv_whiten == "token":
         return batch_token_scale(adv, mask, ddof=r.std_ddof, eps=r.std_eps)
     rewards = task_rewards.flatten().to(mask.device)
-    return reinforce_pp_advantages(rewards, mask, kl_tok, r.kl_coef, ddof=r.std_ddof, eps=r.std_eps)
+    beta = r.kl_coef if kl_coef is None else kl_coef
+    return reinforce_pp_advantages(rewards, mask, kl_tok, beta, ddof=r.std_ddof, eps=r.std_eps)
 
 
 def per_completion(adv: Tensor) -> Tensor:
     """One advantage per completion for logging: adv [N] itself, or the first token's of adv [N,T]."""
     return adv if adv.dim() == 1 else adv[:, 0]
+
+
+# --- regularisation dynamics: adaptive KL coefficient and reference resets ---------------------------
+
+def adaptive_kl_coef(beta: float, kl: float, target: float, horizon: int, n_samples: int) -> float:
+    """Ziegler et al. 2019 (arXiv 1909.08593), horizon form as veRL / OpenRLHF / SkyRL implement it:
+    e = clip(kl / target - 1, -0.2, 0.2), beta <- beta * (1 + e * n_samples / horizon). `kl` is the
+    step's per-token mean KL (`train/kl`), so the target is per token."""
+    e = min(max(kl / target - 1.0, -0.2), 0.2)
+    return beta * (1.0 + e * n_samples / horizon)
+
+
+@dataclass
+class KLState:
+    """The KL coefficient in use and the reference-reset bookkeeping (checkpointed with the run)."""
+
+    coef: float
+    resets: int = 0
+    last_reset: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+
+def end_of_step(r: RecipeConfig, state: KLState, step: int, kl: float, n_samples: int, policy, ref,
+                optimizer) -> dict[str, float]:
+    """After the step's update: adapt the KL coefficient (when `kl_target` is set), then, every
+    `ref_reset_every` steps, reset the reference to the current policy and re-initialise the optimiser
+    state (ProRL: Liu et al. 2025, arXiv 2505.24864). The adaptive coefficient is not reset. Returns the
+    kl/* metrics of the step (the coefficient used in it)."""
+    row = {"kl/coef": state.coef}
+    if r.kl_target is not None:
+        state.coef = adaptive_kl_coef(state.coef, kl, r.kl_target, r.kl_horizon, n_samples)
+    if r.ref_reset_every and step % r.ref_reset_every == 0:
+        ref.module.load_state_dict(policy.module.state_dict())
+        optimizer.state.clear()  # moments restart from zero; the lr schedule continues
+        state.resets, state.last_reset = state.resets + 1, step
+    if r.ref_reset_every:
+        row.update({"kl/ref_resets": state.resets, "kl/steps_since_reset": step - state.last_reset})
+    return row

@@ -187,9 +187,10 @@ def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int =
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
-           optimizer, cfg: RunConfig, step: int = 0) -> dict[str, float]:
+           optimizer, cfg: RunConfig, step: int = 0, kl_coef: float | None = None) -> dict[str, float]:
     """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style)."""
     r = cfg.recipe
+    kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
     loss_fn, loss_params = losses.POLICY_LOSSES[r.policy_loss], recipes.policy_loss_params(r, cfg.seed, step)
     N = len(batch.rollout)
@@ -213,7 +214,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             if ref_logp is not None:
                 kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[idx]), mask, r.max_new_tokens)
                 if r.kl_placement == "loss":
-                    loss = loss + r.kl_coef * kl
+                    loss = loss + kl_coef * kl
             entropy = agg(ent_tok, mask, r.max_new_tokens)
             if r.entropy_coef:
                 loss = loss - r.entropy_coef * entropy
@@ -360,6 +361,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         ref.module.requires_grad_(False)
     optimizer, scheduler = make_optimizer(policy.module, cfg)
     stream = PromptStream(len(train_set), cfg.seed)
+    kl_state = recipes.KLState(r.kl_coef)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
 
     ckpt = store.load_checkpoint()
@@ -368,6 +370,10 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["rng"])
+        if "kl_state" in ckpt:
+            kl_state = recipes.KLState(**ckpt["kl_state"])
+        if "ref" in ckpt:  # a reset reference is no longer the base model
+            ref.module.load_state_dict(ckpt["ref"])
         stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
                                                              ("stream", "step", "counters", "wall", "since_eval"))
         store.truncate_after(step)
@@ -386,7 +392,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
-            "since_eval": since_eval, "config": to_dict(cfg)})
+            "since_eval": since_eval, "config": to_dict(cfg), "kl_state": kl_state.state_dict(),
+            **({"ref": ref.module.state_dict()} if r.ref_reset_every else {})})
 
     with bar, preemption.guard(save_checkpoint):
         while step < cfg.steps:
@@ -407,20 +414,23 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 kl_reward, kl_tok = torch.zeros_like(rewards), None
                 if ref is not None and r.kl_placement == "reward":  # PPO/REINFORCE++: KL as a reward term
                     kl_tok = losses.KL_ESTIMATORS[r.kl_estimator](old_logp, ref_logp)
-                    kl_reward = r.kl_coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
+                    kl_reward = kl_state.coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
                     rewards = rewards - kl_reward
                 t2 = time.perf_counter()
                 # 3. advantages, one per completion broadcast to its tokens (or per token: recipe.adv_whiten)
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
                                          greedy_rewards=greedy).flatten().to(mask.device)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
-                adv = recipes.shape_advantages(recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask), r)
+                adv = recipes.shape_advantages(
+                    recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask, kl_state.coef), r)
                 # 4. update
                 try:
-                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg, step)
+                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg, step, kl_state.coef)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
+                kl_row = recipes.end_of_step(r, kl_state, step, up["kl"], len(batch.rollout), policy, ref, optimizer) \
+                    if ref is not None else {}
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
                 t3 = time.perf_counter()
@@ -431,7 +441,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 since_eval.append(float(batch.correct.mean()))
                 adv_row = recipes.per_completion(adv)  # [N] for the logs
                 row = {**step_metrics(batch, rewards, kl_reward, adv_row, mask, up), "train/lr": lr,
-                       "train/format_weight": fmt_weight,
+                       "train/format_weight": fmt_weight, **kl_row,
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
                        "perf/generate_seconds": t1 - t0 - batch.reward_seconds,
