@@ -32,6 +32,12 @@ Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
 TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition"]
 Device = Literal["auto", "cpu", "cuda"]
 ISCorrection = Literal["none", "tis", "mis", "icepop", "seq_tis", "seq_mis", "seq_geo_mask"]
+PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
+TokenSelection = Literal["all", "top_entropy"]
+RewardMode = Literal["verifier", "random", "inverted"]
+AdvWhiten = Literal["none", "token", "token_returns"]
+# policy losses that take recipe.ratio_level (the others define their own ratio or have none)
+RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
 
 
 class ConfigError(ValueError):
@@ -61,6 +67,9 @@ class TaskConfig:
     # toy_addition: which instance. default = the project's torch draw; chapter = the RLVR chapter's
     # published numpy instance and sampling stream (reproductions/rlvr_chapter_toy)
     toy_instance: Literal["default", "chapter"] = "default"
+    # control arms for the training reward (held-out evaluation always uses the strict verifier):
+    # random = Bernoulli(0.5) drawn independently of the completion (seeded by the run), inverted = 1 - score
+    reward_mode: RewardMode = "verifier"
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,34 @@ class RecipeConfig:
     is_cap: float = 2.0           # C: tis, seq_tis (truncate at C); mis, seq_mis (reject above C)
     is_lo: float | None = None    # lower bound: icepop, seq_geo_mask (required); mis, seq_mis (optional)
     is_hi: float | None = None    # upper bound: icepop, seq_geo_mask (required)
+    # policy-loss registry (ablate.rl.losses.POLICY_LOSSES) and each entry's own parameters
+    policy_loss: PolicyLoss = "ppo_clip"
+    cispo_cap: float = 5.0        # cispo: absolute cap on the stop-gradient IS weight, no floor
+    gmpo_eps: float = 0.4         # gmpo: clip range in log space, (-eps, +eps)
+    tau_pos: float = 1.0          # sapo: gate temperature for A > 0
+    tau_neg: float = 1.05         # sapo: gate temperature for A <= 0
+    clip_cov_ratio: float = 2e-4  # clip_cov: share of tokens whose loss is zeroed
+    clip_cov_lb: float = 1.0      # clip_cov: covariance band (lb, ub) of the candidates
+    clip_cov_ub: float = 5.0
+    kl_cov_frac: float = 2e-3     # kl_cov: share of tokens (largest covariance) given the |log ratio| penalty
+    kl_cov_coef: float = 1.0      # kl_cov: coefficient of that penalty
+    delta: float = 4.0            # delta (INTELLECT-2): ratio cap for A < 0; needs delta >= 1 + eps_high
+    # token and sample weighting
+    token_selection: TokenSelection = "all"
+    entropy_quantile: float = 0.2  # top_entropy: share of highest-entropy tokens that keep their loss
+    pos_adv_weight: float = 1.0    # multiplies positive advantages
+    neg_adv_weight: float = 1.0    # multiplies negative advantages
+    pos_nll_coef: float = 0.0      # coefficient of an SFT (NLL) term on positive-advantage samples; 0 = off
+    adv_clip: float | None = None  # clip advantages to [-adv_clip, adv_clip]; null = off
+    # REINFORCE++ (Hu 2025): token = whiten the advantages over all counted tokens of the batch
+    # (REINFORCE++-baseline's global normalisation); token_returns = per-token KL rewards, reward-to-go
+    # returns, then that whitening (REINFORCE++ itself). Token-level advantages [N,T].
+    adv_whiten: AdvWhiten = "none"
+    # regularisation dynamics: hard reference reset every N steps (ProRL; 0 = never) and an adaptive
+    # KL coefficient steered to a per-token KL target (Ziegler et al. 2019, horizon form; null = fixed)
+    ref_reset_every: int = 0
+    kl_target: float | None = None
+    kl_horizon: int = 10000
 
 
 @dataclass(frozen=True)
@@ -181,11 +218,32 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Ahmadian et al. 2024, Back to Basics (RLOO): leave-one-out baseline, KL penalty in the reward.
     "rloo": dict(baseline="leave_one_out", scale="none", loss_agg="seq_mean_token_mean",
                  kl_coef=0.05, kl_estimator="k1", kl_placement="reward"),
-    # Hu 2025, REINFORCE++: batch-mean baseline, batch (global) std, KL in the reward.
-    "reinforce_pp": dict(baseline="batch_mean", scale="batch", loss_agg="token_mean",
+    # Hu 2025, REINFORCE++ (arXiv 2501.03262): k1 KL per token in the reward, reward-to-go returns,
+    # whitened over all tokens of the batch (no other baseline), token-level loss.
+    "reinforce_pp": dict(baseline="none", scale="none", adv_whiten="token_returns", loss_agg="token_mean",
                          kl_coef=0.01, kl_estimator="k1", kl_placement="reward"),
     # Liu et al. 2025, Tricks or Traps? Part I (Lite PPO): group mean, batch std, token-level loss.
     "lite_ppo": dict(baseline="group_mean", scale="batch", loss_agg="token_mean", kl_coef=0.0),
+    # REINFORCE++-baseline (Hu 2025; OpenRLHF's reinforce_baseline): group mean, then whitening over all
+    # tokens of the batch (re-centred), KL k2 in the loss (coefficient of OpenRLHF's script).
+    "reinforce_pp_baseline": dict(baseline="group_mean", scale="none", adv_whiten="token", loss_agg="token_mean",
+                                  kl_coef=1e-5, kl_estimator="k2", kl_placement="loss"),
+    # MiniMax 2025, MiniMax-M1 (arXiv 2506.13585): CISPO, token-level loss, no KL, with DAPO's dynamic
+    # sampling; the IS-weight cap 5 is TRL's and SkyRL's value (the M1 value is not in the paper text).
+    "cispo": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="group", loss_agg="token_mean",
+                  kl_coef=0.0, dynamic_sampling=True),
+    # Zheng et al. 2025, Group Sequence Policy Optimization (Qwen3, arXiv 2507.18071): sequence-level
+    # ratio (length-normalised), clip range 3e-4 / 4e-4, group advantages, per-sequence mean, no KL.
+    "gspo": dict(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4, baseline="group_mean", scale="group",
+                 loss_agg="seq_mean_token_mean", kl_coef=0.0),
+    # Khatri et al. 2025, The Art of Scaling RL Compute for LLMs (ScaleRL, arXiv 2510.13786): CISPO
+    # (cap 5), group mean with batch-level std, zero-variance filtering (dead groups dropped, not
+    # resampled: one generation round), no KL. Its prompt-level loss average is not an aggregation
+    # here: token_mean is the nearest; logits are always upcast to fp32 for log-probs.
+    "scalerl": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="batch", loss_agg="token_mean",
+                    dynamic_sampling=True, max_gen_rounds=1, kl_coef=0.0),
+    # Rejection-sampling fine-tuning (RAFT, Dong et al. 2023; Xiong et al. 2025): SFT on rewarded samples.
+    "raft": dict(policy_loss="raft", baseline="none", scale="none", kl_coef=0.0),
 }
 
 
@@ -444,6 +502,44 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "task.reward_offset is only defined for task.name='toy_addition'")
     check(t.toy_instance == "default" or t.name == "toy_addition",
           "task.toy_instance is only defined for task.name='toy_addition'")
+    check(r.policy_loss in RATIO_LEVEL_LOSSES or r.ratio_level == "token",
+          f"recipe.ratio_level='sequence' applies to recipe.policy_loss in {list(RATIO_LEVEL_LOSSES)}, "
+          f"not {r.policy_loss!r}")
+    check(r.policy_loss == "ppo_clip" or r.dual_clip is None,
+          "recipe.dual_clip applies to recipe.policy_loss='ppo_clip' only (use 'delta' for the INTELLECT-2 cap)")
+    check(r.cispo_cap > 0, "recipe.cispo_cap must be > 0")
+    check(r.gmpo_eps > 0, "recipe.gmpo_eps must be > 0")
+    check(r.tau_pos > 0 and r.tau_neg > 0, "recipe.tau_pos and recipe.tau_neg must be > 0")
+    check(0 <= r.clip_cov_ratio <= 1, "recipe.clip_cov_ratio must be in [0, 1]")
+    check(r.clip_cov_lb < r.clip_cov_ub, "recipe.clip_cov_lb must be < recipe.clip_cov_ub")
+    check(0 <= r.kl_cov_frac <= 1, "recipe.kl_cov_frac must be in [0, 1] (a fraction, not a percentage)")
+    check(r.kl_cov_coef >= 0, "recipe.kl_cov_coef must be >= 0")
+    check(r.policy_loss != "delta" or r.delta >= 1 + r.eps_high,
+          f"recipe.delta must be >= 1 + recipe.eps_high = {1 + r.eps_high} with recipe.policy_loss='delta'")
+    check(r.policy_loss != "raft" or (r.baseline == "none" and r.scale == "none"),
+          "recipe.policy_loss='raft' trains on rewarded samples: needs recipe.baseline='none' and recipe.scale='none'")
+    check(r.policy_loss != "raft" or r.kl_coef == 0 or r.kl_placement == "loss",
+          "recipe.policy_loss='raft': a KL penalty in the reward would change which samples count as rewarded")
+    check(0 < r.entropy_quantile <= 1, "recipe.entropy_quantile must be in (0, 1]")
+    check(r.token_selection == "all" or r.policy_loss != "gmpo",
+          "recipe.token_selection='top_entropy' needs a token-level loss; recipe.policy_loss='gmpo' is sequence-level")
+    check(r.pos_adv_weight >= 0 and r.neg_adv_weight >= 0, "recipe.pos_adv_weight and neg_adv_weight must be >= 0")
+    check(r.pos_nll_coef >= 0, "recipe.pos_nll_coef must be >= 0 (0 = off)")
+    check(r.adv_clip is None or r.adv_clip > 0, "recipe.adv_clip must be > 0 (or null for off)")
+    check(r.adv_whiten != "token_returns" or (r.baseline == "none" and r.scale == "none"),
+          "recipe.adv_whiten='token_returns' whitens raw returns: needs recipe.baseline='none' and recipe.scale='none'")
+    check(r.adv_whiten != "token_returns" or r.kl_coef == 0 or r.kl_placement == "reward",
+          "recipe.adv_whiten='token_returns' puts the KL in the token rewards: needs recipe.kl_placement='reward'")
+    check(r.adv_whiten == "none" or r.policy_loss != "gmpo",
+          "recipe.adv_whiten gives token-level advantages; recipe.policy_loss='gmpo' needs one per completion")
+    check(r.ref_reset_every >= 0, "recipe.ref_reset_every must be >= 0 (0 = never)")
+    check(r.ref_reset_every == 0 or r.kl_coef > 0,
+          "recipe.ref_reset_every resets the KL reference, which exists only with recipe.kl_coef > 0")
+    check(r.kl_target is None or (r.kl_target > 0 and r.kl_coef > 0),
+          "recipe.kl_target must be > 0 and needs recipe.kl_coef > 0 (the initial coefficient)")
+    check(r.kl_horizon >= 1, "recipe.kl_horizon must be >= 1")
+    check(r.is_correction == "none" or r.policy_loss != "gmpo",
+          "recipe.is_correction weights tokens; recipe.policy_loss='gmpo' is sequence-level (use is_correction='none')")
     if t.name == "toy_addition":
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

@@ -122,3 +122,52 @@ def test_registry_names_match_config_literals():
     from ablate.config import Baseline, Scale
     assert set(BASELINES) == set(typing.get_args(Baseline))
     assert set(SCALES) == set(typing.get_args(Scale))
+
+
+# --- REINFORCE++ token-level returns and whitening (Hu 2025) -----------------------------------
+
+from ablate.rl.advantages import batch_token_scale, reinforce_pp_advantages, token_returns, whiten  # noqa: E402
+
+LENS = [3, 2, 4, 1]
+RPP_MASK = torch.tensor([[i < n for i in range(4)] for n in LENS])
+
+
+def _rows(rows):
+    return torch.tensor([r + [0.0] * (4 - len(r)) for r in rows], dtype=torch.float64)
+
+
+def test_reinforce_pp_worked_example():
+    k1 = _rows([[0.10, -0.05, 0.20], [0.30, 0.00], [0.05, 0.05, 0.10, -0.10], [0.40]])
+    R = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    last = torch.zeros(4, 4, dtype=torch.float64)
+    last[[0, 1, 2, 3], [2, 1, 3, 0]] = R
+    G = token_returns(last - 0.1 * k1, RPP_MASK)
+    assert_close(G, _rows([[0.9750, 0.9850, 0.9800], [-0.0300, 0.0000], [0.9900, 0.9950, 1.0000, 1.0100],
+                           [0.9600]]), atol=1e-4, rtol=0)
+    pop = reinforce_pp_advantages(R, RPP_MASK, k1, 0.1, ddof=0)
+    assert_close(pop, _rows([[0.4701, 0.4950, 0.4825], [-2.0361, -1.9613], [0.5075, 0.5199, 0.5324, 0.5573],
+                             [0.4326]]), atol=1e-4, rtol=0)
+    sample = reinforce_pp_advantages(R, RPP_MASK, k1, 0.1, ddof=1)
+    assert_close(sample, _rows([[0.4459, 0.4696, 0.4578], [-1.9316, -1.8606],
+                                [0.4814, 0.4932, 0.5051, 0.5287], [0.4104]]), atol=1e-4, rtol=0)
+    # no KL: outcome REINFORCE with global whitening
+    assert_close(reinforce_pp_advantages(R, RPP_MASK, None, 0.1, ddof=0),
+                 whiten(R[:, None].expand(4, 4), RPP_MASK, ddof=0), atol=1e-12, rtol=0)
+
+
+def test_batch_token_scale_worked_example():
+    centred = compute_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), baseline="group_mean", scale="none")
+    assert_close(centred.flatten(), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    pop = batch_token_scale(centred.flatten().double(), RPP_MASK, ddof=0)
+    assert_close(pop[:, 0], torch.tensor([1.2857, -1.5714, -0.1429, -0.1429], dtype=torch.float64),
+                 atol=1e-4, rtol=0)
+    sample = batch_token_scale(centred.flatten().double(), RPP_MASK, ddof=1)
+    assert_close(sample[:, 0], torch.tensor([1.2197, -1.4908, -0.1355, -0.1355], dtype=torch.float64),
+                 atol=1e-4, rtol=0)
+    assert (pop[~RPP_MASK] == 0).all()
+
+
+def test_whiten_edge_cases():
+    one = torch.tensor([[1, 0]], dtype=torch.bool)
+    assert whiten(torch.tensor([[3.0, 7.0]]), one).tolist() == [[0.0, 0.0]]  # one token: no variance, 0
+    assert whiten(torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.bool)).abs().sum() == 0

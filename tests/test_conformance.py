@@ -255,3 +255,136 @@ def test_is_correction_masked_positions_are_inert(name):
     b = mismatch_metrics(junk_old, junk_behav, m, w2, keep2, torch.ones(N))
     for k in a:
         assert_close(b[k], a[k], atol=0, rtol=0)
+
+# --- the policy-loss registry: every entry x aggregation x ratio level (where it has one) ------------
+
+from ablate.rl.losses import POLICY_LOSSES  # noqa: E402
+
+LOSS_PARAMS = {
+    "ppo_clip": dict(eps_low=0.2, eps_high=0.28, dual_clip=None),
+    "cispo": dict(cispo_cap=1.5),
+    "gmpo": dict(eps_low=0.4, eps_high=0.4),
+    "sapo": dict(tau_pos=1.0, tau_neg=1.05),
+    "clip_cov": dict(eps_low=0.2, eps_high=0.28, clip_cov_ratio=0.2, clip_cov_lb=-10.0, clip_cov_ub=10.0),
+    "kl_cov": dict(kl_cov_frac=0.2, kl_cov_coef=1.0),
+    "gpg": {},
+    "delta": dict(eps_low=0.2, eps_high=0.28, delta=3.0),
+    "raft": {},
+}
+WITH_RATIO_LEVEL = {"ppo_clip", "cispo", "sapo", "delta"}
+BATCH_STATISTICS = {"clip_cov", "kl_cov"}  # covariance means over the batch passed in
+LOSS_CASES = [(name, agg, level) for name in POLICY_LOSSES for agg in AGGREGATIONS
+              for level in (RATIO_LEVELS if name in WITH_RATIO_LEVEL else ["token"])]
+
+
+def test_loss_params_cover_the_registry():
+    assert set(LOSS_PARAMS) == set(POLICY_LOSSES)
+
+
+def _call(name, logp, old, adv, m, agg, level, **over):
+    params = {**LOSS_PARAMS[name], **over}
+    if name in WITH_RATIO_LEVEL:
+        params["ratio_level"] = level
+    if name == "clip_cov":
+        params["generator"] = torch.Generator().manual_seed(0)
+    logp = logp.clone().requires_grad_(True)
+    loss, stats = POLICY_LOSSES[name](logp, old, adv, m, agg=agg, max_len=T, **params)
+    (grad,) = torch.autograd.grad(loss, logp, allow_unused=False)
+    return loss.detach(), grad, stats
+
+
+@pytest.mark.parametrize("name,agg,level", LOSS_CASES)
+def test_every_policy_loss_contract(name, agg, level):
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    loss, grad, stats = _call(name, logp, old, adv, m, agg, level)
+    assert loss.dim() == 0 and torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert {"ratio_mean", "ratio_max"} <= set(stats)
+    assert all(s.dim() == 0 and torch.isfinite(s) and not s.requires_grad for s in stats.values())
+    # nothing counted: loss 0, gradient 0, stats 0 -- never NaN
+    loss, grad, stats = _call(name, logp, old, adv, torch.zeros_like(m), agg, level)
+    assert loss.item() == 0.0 and (grad == 0).all()
+    assert all(s.item() == 0.0 for s in stats.values())
+
+
+@pytest.mark.parametrize("name,agg,level", LOSS_CASES)
+def test_every_policy_loss_ignores_masked_positions(name, agg, level):
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    g = torch.Generator().manual_seed(1)
+    junk_logp = torch.where(m, logp, torch.full_like(logp, -torch.inf))  # -inf logp where masked
+    junk_old = torch.where(m, old, -80 * torch.rand(N, T, generator=g, dtype=torch.float64))
+    loss, grad, stats = _call(name, logp, old, adv, m, agg, level)
+    loss2, grad2, stats2 = _call(name, junk_logp, junk_old, adv, m, agg, level)
+    assert_close(loss2, loss, atol=0, rtol=0)
+    assert_close(grad2, grad, atol=0, rtol=0)
+    assert (grad[~m] == 0).all()
+    for k in stats:
+        assert_close(stats2[k], stats[k], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name,agg,level", [c for c in LOSS_CASES if c[0] != "raft"])
+def test_every_policy_gradient_on_policy_is_reinforce(name, agg, level):
+    # rho == 1 (first minibatch): every policy-gradient entry has the gradient of agg(-A * logp); GMPO
+    # with its own per-sequence mean. Clip-Cov with an empty band drops nothing.
+    _, old, adv = _loss_inputs()
+    m = _mask()
+    over = dict(clip_cov_lb=0.0, clip_cov_ub=0.0) if name == "clip_cov" else {}
+    _, grad, _ = _call(name, old, old, adv, m, agg, level, **over)
+    logp = old.clone().requires_grad_(True)
+    ref = AGGREGATIONS["seq_mean_token_mean" if name == "gmpo" else agg](
+        -adv[:, None] * torch.where(m, logp, torch.zeros_like(logp)), m, T)
+    (expected,) = torch.autograd.grad(ref, logp)
+    assert_close(grad, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name,agg,level", [c for c in LOSS_CASES if c[0] != "gmpo"])
+def test_token_level_advantages_broadcast_like_per_completion(name, agg, level):
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    a = _call(name, logp, old, adv, m, agg, level)
+    b = _call(name, logp, old, adv[:, None].expand(N, T).clone(), m, agg, level)
+    assert_close(b[0], a[0], atol=1e-12, rtol=0)
+    assert_close(b[1], a[1], atol=1e-12, rtol=0)
+
+
+def test_gmpo_rejects_token_level_advantages():
+    logp, old, adv = _loss_inputs()
+    with pytest.raises(ValueError, match="gmpo"):
+        _call("gmpo", logp, old, adv[:, None].expand(N, T), _mask(), "token_mean", "token")
+
+
+@pytest.mark.parametrize("name,agg,level", LOSS_CASES)
+def test_dead_rows_get_no_gradient(name, agg, level):
+    # A = 0 on rows 1 and 3: no gradient there, except KL-Cov's |log rho| penalty on selected tokens
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    adv = adv.clone()
+    adv[[1, 3]] = 0.0
+    over = dict(kl_cov_frac=1e-9) if name == "kl_cov" else {}
+    _, grad, _ = _call(name, logp, old, adv, m, agg, level, **over)
+    if name == "kl_cov":
+        assert int((grad[[1, 3]] != 0).sum()) <= 1  # one selected token at most
+    else:
+        assert (grad[[1, 3]] == 0).all()
+
+
+def _denominator(name, agg, m):
+    if name == "gmpo" or agg == "seq_mean_token_mean":
+        return (m.sum(1) > 0).sum().clamp(min=1)
+    return m.sum().clamp(min=1) if agg == "token_mean" else torch.tensor(m.shape[0])
+
+
+@pytest.mark.parametrize("name,agg,level", [c for c in LOSS_CASES if c[0] not in BATCH_STATISTICS])
+def test_row_split_rescaled_by_denominators_sums_to_the_batch_loss(name, agg, level):
+    # what micro-batching relies on: each part's loss times (part denominator / batch denominator)
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    full, grad, _ = _call(name, logp, old, adv, m, agg, level)
+    total, grads = torch.zeros((), dtype=torch.float64), []
+    for rows in (torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])):
+        part, g, _ = _call(name, logp[rows], old[rows], adv[rows], m[rows], agg, level)
+        w = _denominator(name, agg, m[rows]).double() / _denominator(name, agg, m).double()
+        total, grads = total + w * part, grads + [w * g]
+    assert_close(total, full, atol=1e-12, rtol=0)
+    assert_close(torch.cat(grads), grad, atol=1e-12, rtol=0)

@@ -85,3 +85,22 @@ def test_masked_mean_and_std():
     assert_close(masked_std(x, m, ddof=1), torch.tensor(1.0), atol=1e-6, rtol=0)
     empty = torch.zeros_like(m)
     assert masked_mean(x, empty).item() == 0.0 and masked_std(x, empty).item() == 0.0
+
+
+def test_group_stats_g1_dead_is_not_applicable():
+    s = group_stats(torch.tensor([[1.0], [0.0]]), torch.tensor([[True], [False]]))
+    assert math.isnan(s["dead_frac"]) and math.isnan(s["dead_all_correct_frac"])
+    assert math.isnan(s["dead_all_wrong_frac"])
+    assert s["all_correct_frac"] == 0.5 and s["solve_rate"] == 0.5
+
+
+def test_majority_vote_hand_examples():
+    from ablate.rl.stats import majority_correct, mean_maj_at_k
+
+    assert majority_correct(["5", "7", "5"], [True, False, True]) is True
+    assert majority_correct(["7", "5", "7", "5"], [False, True, False, True]) is False  # tie: first seen
+    assert majority_correct([None, None, "5"], [False, False, True]) is True  # no answer never votes
+    assert majority_correct([None], [False]) is False
+    # two problems, k = 1 and k = 3: problem 0 [5, 7, 7] (5 correct), problem 1 [3, 3, 4] (3 correct)
+    answers, ok = [["5", "7", "7"], ["3", "3", "4"]], [[True, False, False], [True, True, False]]
+    assert mean_maj_at_k(answers, ok, 1) == 1.0 and mean_maj_at_k(answers, ok, 3) == 0.5

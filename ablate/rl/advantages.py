@@ -125,3 +125,52 @@ def compute_advantages(
     r = rewards if rewards.is_floating_point() else rewards.float()
     centered = r - base_fn(r, greedy_rewards)
     return scale_fn(centered, r, ddof, eps)
+
+
+# --- token-level returns and whitening (REINFORCE++, Hu 2025, arXiv 2501.03262) -------------------
+# Shapes: N completions, T positions; mask [N,T] marks the counted tokens.
+
+def token_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Reward-to-go G_it = sum_{s >= t} gamma^(s-t) m_is r_is, [N,T] -> [N,T] (0 where masked)."""
+    m = mask.bool()
+    r = torch.where(m, token_rewards, torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return torch.where(m, out, torch.zeros_like(out))
+
+
+def whiten(values: Tensor, mask: Tensor, ddof: int = 1, eps: float = 1e-6, shift_mean: bool = True) -> Tensor:
+    """(x - mu) / (sigma + eps) with mu, sigma token-weighted over the counted tokens of the whole batch
+    (REINFORCE++'s global normalisation); 0 where masked. One counted token: sigma = 0, guarded."""
+    m = mask.bool()
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    n = m.sum()
+    mu = torch.where(m, values, zero).sum() / n.clamp(min=1)
+    var = torch.where(m, (values - mu) ** 2, zero).sum() / (n - ddof).clamp(min=1)
+    out = ((values - mu) if shift_mean else values) / (var.sqrt() + eps)
+    return torch.where(m, out, zero)
+
+
+def reinforce_pp_advantages(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float, *,
+                            ddof: int = 1, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++ (faithful form): token rewards r_it = -kl_coef * kl_it + 1[t = last_i] R_i, returns
+    with gamma = 1, whitened over all counted tokens of the batch. rewards [N], mask [N,T], kl [N,T]
+    (k1 of the behaviour policy against the reference; None = no KL) -> A [N,T]."""
+    m = mask.bool()
+    last = m.cumsum(1).eq(m.sum(1, keepdim=True)) & m  # [N,T] the last counted token of each row
+    R = rewards if rewards.is_floating_point() else rewards.float()
+    token_r = torch.where(last, R[:, None], torch.zeros((), dtype=R.dtype, device=R.device))  # [N,T]
+    if kl is not None:
+        token_r = token_r - kl_coef * kl.to(token_r.dtype)
+    return whiten(token_returns(token_r, m), m, ddof, eps)
+
+
+def batch_token_scale(advantages: Tensor, mask: Tensor, *, ddof: int = 1, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++-baseline's global normalisation: broadcast A [N] over each completion's tokens and
+    whiten over all counted tokens (token-weighted mean and std; re-centres, so a dead group gets
+    -mu/sigma, unlike the `batch` scale) -> [N,T]."""
+    a = advantages if advantages.is_floating_point() else advantages.float()
+    return whiten(a[:, None].expand(mask.shape), mask, ddof, eps)

@@ -7,6 +7,7 @@ selects with torch.where before doing arithmetic, so they change neither the los
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -132,12 +133,36 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -
     return fn(_zero_where_masked(logp - old_logp, m), m)
 
 
+def log_importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor:
+    """log rho [N,T] without forming rho (0 where masked at token level)."""
+    _lookup(RATIO_LEVELS, level, "ratio level")
+    m = mask.bool()
+    delta = _zero_where_masked(logp - old_logp, m)
+    if level == "token":
+        return delta
+    return (delta.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)).expand_as(delta)
+
+
+def token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """A as [N,1] (one per completion, broadcasts over tokens) or [N,T] (token-level), in like's dtype."""
+    adv = advantages.to(like.dtype)
+    if adv.dim() == 1:
+        return adv[:, None]
+    if adv.shape != like.shape:
+        raise ValueError(f"advantages must be [N] or [N,T]={tuple(like.shape)}, got {tuple(adv.shape)}")
+    return adv
+
+
+def _weighted(per_token: Tensor, token_weight: Tensor | None) -> Tensor:
+    return per_token if token_weight is None else per_token * token_weight.to(per_token.dtype)
+
+
 # --- clipped surrogate ----------------------------------------------------------------------------
 
 def policy_loss(
     logp: Tensor,  # [N,T] current policy, requires grad
     old_logp: Tensor,  # [N,T] behaviour policy
-    advantages: Tensor,  # [N] one per completion
+    advantages: Tensor,  # [N] one per completion, or [N,T] per token (REINFORCE++)
     mask: Tensor,  # [N,T]
     *,
     eps_low: float,
@@ -147,6 +172,7 @@ def policy_loss(
     agg: str = "seq_mean_token_mean",
     max_len: int,
     is_weights: Tensor | None = None,  # [N,T] detached IS weights (ablate/rl/corrections.py); None = 1
+    token_weight: Tensor | None = None,  # [N,T] multiplies l before aggregation (top-entropy mask)
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, l = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A), aggregated by `agg`.
 
@@ -154,7 +180,8 @@ def policy_loss(
     loss when rho is huge on a negative-advantage token. Stats are detached means over counted tokens
     (token-weighted whatever `agg` is): clip_frac_low (rho < 1-eps_low, A<0), clip_frac_high
     (rho > 1+eps_high, A>0), clip_frac (either), dual_clip_frac (rho > c, A<0; 0 when off),
-    ratio_mean, ratio_max (0 when no token counts).
+    ratio_mean, ratio_max (0 when no token counts). `token_weight` scales each token's loss and leaves
+    the denominators alone (None = weight 1 everywhere).
 
     `is_weights` (decoupled off-policy correction): l_it := sg(w_hat_it) * l_it, where w_hat corrects
     for the tokens having been sampled by the behaviour policy rather than by pi_old; the clip statistics
@@ -165,14 +192,14 @@ def policy_loss(
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     m = mask.bool()
     rho = importance_ratio(logp, old_logp, m, ratio_level)  # [N,T]
-    adv = advantages.to(rho.dtype)[:, None]  # [N,1]
+    adv = token_advantages(advantages, rho)  # [N,1] or [N,T]
     clipped = rho.clamp(1 - eps_low, 1 + eps_high)
     obj = torch.minimum(rho * adv, clipped * adv)
     if dual_clip is not None:
         obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)
     if is_weights is not None:
         obj = obj * is_weights.detach().to(obj.dtype)
-    loss = agg_fn(-obj, m, max_len)
+    loss = agg_fn(_weighted(-obj, token_weight), m, max_len)
 
     with torch.no_grad():
         low = (rho < 1 - eps_low) & (adv < 0)
@@ -189,3 +216,252 @@ def policy_loss(
             "ratio_max": ratio_max,
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+# --- policy-loss registry ---------------------------------------------------------------------------
+# Every entry: fn(logp[N,T], old_logp[N,T], advantages[N] or [N,T], mask[N,T], *, agg, max_len, **params)
+# -> (loss, stats). `params` are the entry's own keyword arguments (the trainer builds them from the
+# recipe in one place). Each per-token loss is aggregated with AGGREGATIONS[agg] over `mask`, so a
+# micro-batch's loss scaled by (micro denominator / minibatch denominator) sums to the minibatch loss;
+# GMPO has its own aggregation (mean over non-empty rows, the denominator of `seq_mean_token_mean`).
+# Stats are detached scalars; every entry reports ratio_mean and ratio_max.
+
+def _ratio_stats(rho: Tensor, m: Tensor) -> dict[str, Tensor]:
+    ratio_max = torch.where(m, rho, torch.full_like(rho, -torch.inf)).amax().clamp(min=0)
+    return {"ratio_mean": masked_mean(rho, m), "ratio_max": ratio_max}
+
+
+def _covariance(logp: Tensor, advantages: Tensor, m: Tensor) -> Tensor:
+    """Cov_it = (logp_it - mu_lp)(A_it - mu_A) over counted tokens (logp detached), 0 where masked.
+
+    mu_lp, mu_A are token-weighted means over the whole batch passed in: a batch-level statistic
+    (Cui et al. 2025, arXiv 2505.22617). Its masked mean is the `policy/entropy_adv_cov` metric.
+    """
+    lp = _zero_where_masked(logp.detach(), m)
+    adv = token_advantages(advantages, lp).expand_as(lp)
+    cov = (lp - masked_mean(lp, m)) * (adv - masked_mean(adv, m))
+    return _zero_where_masked(cov, m)
+
+
+def ppo_clip(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float,
+             dual_clip: float | None = None, ratio_level: str = "token", token_weight: Tensor | None = None):
+    """The PPO clipped surrogate: exactly `policy_loss` (looked up at call time)."""
+    return policy_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+                       ratio_level=ratio_level, agg=agg, max_len=max_len, token_weight=token_weight)
+
+
+def cispo(logp, old_logp, advantages, mask, *, agg, max_len, cispo_cap: float, ratio_level: str = "token",
+          token_weight: Tensor | None = None):
+    """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585): l = -sg(min(rho, cap)) * A * logp.
+
+    The clip bounds the importance weight but never drops a token: every counted token keeps the
+    gradient -w*A (times the aggregation factor). Absolute cap, no floor (the paper's setting; TRL and
+    SkyRL use a cap of 5 citing ScaleRL). The loss value depends on the level of logp and means nothing
+    by itself; only its gradient does. Stat: cispo_cap_frac = share of counted tokens with rho > cap.
+    """
+    m = mask.bool()
+    rho = importance_ratio(logp, old_logp, m, ratio_level).detach()  # [N,T]
+    w = rho.clamp(max=cispo_cap)
+    adv = token_advantages(advantages, rho)
+    per_tok = -w * adv * _zero_where_masked(logp, m)  # where: masked logp may be -inf
+    loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
+    stats = {"cispo_cap_frac": masked_mean((rho > cispo_cap).float(), m), **_ratio_stats(rho, m)}
+    return loss, stats
+
+
+def gmpo(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float):
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673).
+
+    Clip each token's log-ratio in log space, one-sided by the sign of A (as PPO does in ratio space),
+    take the geometric mean over the completion, r_i = exp(sum_t m*clipped / |o_i|), l_i = -A_i * r_i,
+    and average over the rows with at least one counted token (`agg` is ignored: GMPO is sequence-level
+    by construction). A clipped token gets no gradient but its clipped value still scales its row.
+    """
+    m = mask.bool()
+    if advantages.dim() != 1:
+        raise ValueError("gmpo needs one advantage per completion, shape [N]")
+    delta = _zero_where_masked(logp - old_logp, m)  # [N,T]
+    adv = advantages.to(delta.dtype)[:, None]  # [N,1]
+    clipped = delta.clamp(-eps_low, eps_high)
+    tilde = torch.where(adv > 0, torch.minimum(delta, clipped), torch.maximum(delta, clipped))
+    n_tok = m.sum(1)  # [N]
+    r_bar = (_zero_where_masked(tilde, m).sum(1) / n_tok.clamp(min=1)).exp()  # [N]
+    has_tok = n_tok > 0
+    loss = _zero_where_masked(-advantages.to(r_bar.dtype) * r_bar, has_tok).sum() / has_tok.sum().clamp(min=1)
+    with torch.no_grad():
+        low = (delta < -eps_low) & (adv < 0)
+        high = (delta > eps_high) & (adv > 0)
+        stats = {"clip_frac_low": masked_mean(low.float(), m), "clip_frac_high": masked_mean(high.float(), m),
+                 "clip_frac": masked_mean((low | high).float(), m), **_ratio_stats(delta.exp(), m)}
+    return loss, stats
+
+
+def sapo(logp, old_logp, advantages, mask, *, agg, max_len, tau_pos: float, tau_neg: float,
+         ratio_level: str = "token", token_weight: Tensor | None = None):
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347).
+
+    Soft gate instead of a hard clip: l = -(4/tau) * sigmoid(tau * (rho - 1)) * A, tau = tau_pos for
+    A > 0, tau_neg otherwise. At rho = 1 the gradient is the on-policy one; it decays smoothly away from 1.
+    The paper aggregates per sequence (`seq_mean_token_mean`). The log-ratio is clamped to +-20 before
+    exp (as veRL and SkyRL do) so a huge ratio gives a zero gate gradient, not inf * 0.
+    Stat: soft_gate_mean = mean over counted tokens of the gradient weight 4*sigma*(1 - sigma).
+    """
+    m = mask.bool()
+    log_ratio = log_importance_ratio(logp, old_logp, m, ratio_level).clamp(-20, 20)
+    rho = log_ratio.exp()  # [N,T]
+    adv = token_advantages(advantages, rho)
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    sig = torch.sigmoid(tau * (rho - 1))
+    per_tok = -(4 / tau) * sig * adv
+    loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
+    with torch.no_grad():
+        stats = {"soft_gate_mean": masked_mean((4 * sig * (1 - sig)).expand_as(rho), m),
+                 **_ratio_stats(rho, m)}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def clip_cov(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float,
+             clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float,
+             generator: torch.Generator | None = None, token_weight: Tensor | None = None):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
+
+    PPO clip loss, except that n = max(1, floor(ratio * N_tok)) tokens drawn uniformly (with
+    `generator`) from those with lb < Cov_it < ub that the PPO clip has not already clipped get zero
+    loss and gradient. Cov_it uses batch-level means: with several micro-batches it must be computed
+    over the whole minibatch to give the same result. Stats: PPO's, plus cov_select_frac.
+    """
+    m = mask.bool()
+    rho = importance_ratio(logp, old_logp, m, "token")
+    adv = token_advantages(advantages, rho)
+    obj = torch.minimum(rho * adv, rho.clamp(1 - eps_low, 1 + eps_high) * adv)
+    with torch.no_grad():
+        low, high = (rho < 1 - eps_low) & (adv < 0), (rho > 1 + eps_high) & (adv > 0)
+        cov = _covariance(logp, advantages, m)
+        cand = (m & ~(low | high) & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten().nonzero().flatten()
+        n_pick = max(1, math.floor(clip_cov_ratio * int(m.sum())))
+        if len(cand) > n_pick:
+            cand = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
+        drop = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+        drop[cand] = True
+        drop = drop.view_as(m)
+    per_tok = torch.where(drop, torch.zeros_like(obj), -obj)
+    loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
+    stats = {"clip_frac_low": masked_mean(low.float(), m), "clip_frac_high": masked_mean(high.float(), m),
+             "clip_frac": masked_mean((low | high).float(), m), "cov_select_frac": masked_mean(drop.float(), m),
+             **_ratio_stats(rho.detach(), m)}
+    return loss, stats
+
+
+def kl_cov(logp, old_logp, advantages, mask, *, agg, max_len, kl_cov_frac: float, kl_cov_coef: float,
+           token_weight: Tensor | None = None):
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617): no clip; the n = max(1, floor(frac * N_tok)) counted
+    tokens with the largest Cov_it get a penalty coef * |log rho| (as in the authors' code):
+    l = -rho*A + coef*|Delta| there, l = -rho*A elsewhere. `kl_cov_frac` is a fraction (authors' 7B
+    setting 0.2 % = 2e-3). Cov_it is a batch-level statistic (see `clip_cov`). Stat: cov_select_frac.
+    """
+    m = mask.bool()
+    delta = _zero_where_masked(logp - old_logp, m)
+    rho = delta.exp()
+    adv = token_advantages(advantages, rho)
+    with torch.no_grad():
+        cov = torch.where(m, _covariance(logp, advantages, m), torch.full_like(rho, -torch.inf))
+        n_tok = int(m.sum())
+        n_pick = min(max(1, math.floor(kl_cov_frac * n_tok)), n_tok)
+        pick = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+        pick[cov.flatten().topk(n_pick).indices] = True
+        pick = pick.view_as(m) & m
+    per_tok = -rho * adv + torch.where(pick, kl_cov_coef * delta.abs(), torch.zeros_like(rho))
+    loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
+    return loss, {"cov_select_frac": masked_mean(pick.float(), m), **_ratio_stats(rho.detach(), m)}
+
+
+def gpg(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor | None = None):
+    """GPG / plain REINFORCE surrogate (Chu et al. 2025, arXiv 2504.02546; Williams 1992): l = -A * logp.
+
+    No ratio and no trust region: equal to PPO's gradient at the first minibatch, uncorrected after
+    (use one update per rollout). old_logp only feeds the ratio stats. Value meaningless, gradient only.
+    """
+    m = mask.bool()
+    adv = token_advantages(advantages, logp)
+    per_tok = -adv * _zero_where_masked(logp, m)
+    loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
+    return loss, _ratio_stats(importance_ratio(logp, old_logp, m, "token").detach(), m)
+
+
+def delta_clip(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float, delta: float,
+               ratio_level: str = "token", token_weight: Tensor | None = None):
+    """INTELLECT-2's two-sided clip (Prime Intellect 2025, arXiv 2505.07291): -min(min(rho, delta)*A,
+    clip(rho)*A). For delta >= 1 + eps_high this is exactly the dual clip with c = delta (Ye et al. 2020),
+    so it is that code path."""
+    if delta < 1 + eps_high:
+        raise ValueError(f"delta must be >= 1 + eps_high = {1 + eps_high}, got {delta}")
+    return policy_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=delta,
+                       ratio_level=ratio_level, agg=agg, max_len=max_len, token_weight=token_weight)
+
+
+def raft(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor | None = None):
+    """Rejection-sampling fine-tuning (RAFT: Dong et al. 2023, arXiv 2304.06767; RAFT++ / positive-only
+    training: Xiong et al. 2025, arXiv 2504.11343): the SFT loss -logp on completions with A > 0 only.
+
+    With recipe baseline 'none' and scale 'none' (enforced by the config), A is the reward, so this is
+    SFT on the rewarded (correct) samples. The same function gives the optional NLL term on positive
+    samples (`recipe.pos_nll_coef`, VAPO: Yue et al. 2025, arXiv 2504.05118)."""
+    m = mask.bool()
+    keep = (token_advantages(advantages, logp) > 0).to(logp.dtype)
+    per_tok = -keep * _zero_where_masked(logp, m)
+    loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
+    with torch.no_grad():
+        stats = {"sft_token_frac": masked_mean(keep.expand_as(logp), m),
+                 **_ratio_stats(importance_ratio(logp, old_logp, m, "token"), m)}
+    return loss, stats
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
+    "ppo_clip": ppo_clip,
+    "cispo": cispo,
+    "gmpo": gmpo,
+    "sapo": sapo,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
+    "gpg": gpg,
+    "delta": delta_clip,
+    "raft": raft,
+}
+
+
+# --- token selection -------------------------------------------------------------------------------
+
+def top_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """Keep the top `quantile` share of counted tokens by entropy (Wang et al. 2025, "Beyond the 80/20
+    Rule", arXiv 2506.01939): e = mask & (H >= the (1 - quantile) quantile of H over counted tokens,
+    linear interpolation). Ties at the threshold are kept; no counted token -> nothing kept. The
+    quantile is a batch-level statistic: with micro-batches it must be taken over the whole minibatch.
+    """
+    m = mask.bool()
+    h = entropies.detach()
+    if not m.any():
+        return torch.zeros_like(m)
+    tau = torch.quantile(h[m].double(), 1 - quantile).to(h.dtype)
+    return m & (h >= tau)
+
+
+# --- per-update diagnostics (detached) ---------------------------------------------------------------
+
+# Share of tokens above this entropy: the 80th percentile of token entropy Wang et al. 2025 report for
+# Qwen3 chain-of-thought (0.672 nats) [as recalled from the paper]; a fixed yardstick across runs.
+HIGH_ENTROPY_NATS = 0.672
+
+
+@torch.no_grad()
+def policy_diagnostics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                       entropies: Tensor) -> dict[str, Tensor]:
+    """policy/entropy_adv_cov: mean over counted tokens of (logp - mu_lp)(A - mu_A), logp of the current forward
+    (Cui et al. 2025, arXiv 2505.22617: positive means entropy is expected to fall); ppo_kl: k3 estimate
+    of KL(pi_old || pi_theta) per token on the sampled tokens (0 on-policy); high_entropy_token_frac:
+    share of counted tokens with entropy > HIGH_ENTROPY_NATS."""
+    m = mask.bool()
+    return {
+        "policy/entropy_adv_cov": masked_mean(_covariance(logp, advantages, m), m),
+        "ppo_kl": masked_mean(_k3(old_logp, logp.detach()), m),  # d = logp - old_logp: r - 1 - log r
+        "high_entropy_token_frac": masked_mean((entropies > HIGH_ENTROPY_NATS).float(), m),
+    }

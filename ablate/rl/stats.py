@@ -5,6 +5,7 @@ Pure functions on tensors / Python numbers; nothing here touches a model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -69,6 +70,29 @@ def mean_pass_at_k(n_correct: Sequence[int] | Tensor, n: int, k: int) -> float:
     return sum(pass_at_k(n, int(c), k) for c in counts) / len(counts)
 
 
+# --- majority vote (maj@k) -------------------------------------------------------------------------
+
+def majority_correct(answers: Sequence, correct: Sequence[bool]) -> bool:
+    """Is the plurality answer correct? answers[j] is sample j's extracted answer (None = no answer,
+    never voted for), correct[j] its verifier outcome. Ties go to the answer seen first. No answer -> False."""
+    votes: dict = {}
+    for a, ok in zip(answers, correct):
+        if a is not None:
+            n, first_ok = votes.get(a, (0, bool(ok)))
+            votes[a] = (n + 1, first_ok)
+    if not votes:
+        return False
+    best = max(votes.values(), key=lambda v: v[0])  # max keeps the first of equal counts
+    return best[1]
+
+
+def mean_maj_at_k(answers: Sequence[Sequence], correct: Sequence[Sequence[bool]], k: int) -> float:
+    """maj@k averaged over problems: the majority vote over each problem's first k samples."""
+    if not answers:
+        raise ValueError("mean_maj_at_k: no problems given")
+    return sum(majority_correct(a[:k], c[:k]) for a, c in zip(answers, correct)) / len(answers)
+
+
 # --- group health ---------------------------------------------------------------------------------
 
 def group_stats(rewards: Tensor, correct: Tensor) -> dict[str, float]:
@@ -76,7 +100,8 @@ def group_stats(rewards: Tensor, correct: Tensor) -> dict[str, float]:
 
     Keys (all shares are over the P groups unless said otherwise):
       dead_frac              groups whose G raw rewards are all exactly equal (zero gradient under any
-                             group baseline); computed before any normalisation.
+                             group baseline); computed before any normalisation. With G = 1 "dead" is
+                             not applicable: the three dead_* keys are NaN (not 1.0).
       dead_all_correct_frac  dead groups whose G completions are all correct.
       dead_all_wrong_frac    dead groups whose G completions are all wrong.
       all_correct_frac       groups that are all correct (dead or not, e.g. format reward differs).
@@ -93,10 +118,11 @@ def group_stats(rewards: Tensor, correct: Tensor) -> dict[str, float]:
     ok = correct.bool()
     dead = r.amax(1) == r.amin(1)  # exact: a tolerance would hide tiny but real reward differences
     all_correct, all_wrong = ok.all(1), (~ok).all(1)
+    na = r.shape[1] == 1  # one completion per prompt: no group, nothing can be dead
     return {
-        "dead_frac": dead.double().mean().item(),
-        "dead_all_correct_frac": (dead & all_correct).double().mean().item(),
-        "dead_all_wrong_frac": (dead & all_wrong).double().mean().item(),
+        "dead_frac": math.nan if na else dead.double().mean().item(),
+        "dead_all_correct_frac": math.nan if na else (dead & all_correct).double().mean().item(),
+        "dead_all_wrong_frac": math.nan if na else (dead & all_wrong).double().mean().item(),
         "all_correct_frac": all_correct.double().mean().item(),
         "all_wrong_frac": all_wrong.double().mean().item(),
         "solve_rate": ok.double().mean().item(),

@@ -17,9 +17,9 @@ STEP_METRICS: dict[str, str] = {
     "train/format_weight": "weight of the format score in the reward at this step (`recipe.format_weight`, falling linearly to 0 at step `recipe.format_anneal_steps` when that is > 0)",
     "train/reward_overlong_mean": "mean overlong soft penalty added to the reward (0 unless `recipe.overlong=soft_penalty`)",
     "train/reward_kl_mean": "mean KL penalty subtracted from the reward (0 unless `recipe.kl_placement=reward`)",
-    "train/dead_group_frac": "share of groups whose G rewards are all equal (no gradient), before any normalisation",
-    "train/dead_all_correct_frac": "share of groups whose G completions are all correct",
-    "train/dead_all_wrong_frac": "share of groups whose G completions are all wrong",
+    "train/dead_group_frac": "share of groups whose G rewards are all equal (no gradient), before any normalisation (NaN when recipe.group_size = 1: not applicable)",
+    "train/dead_all_correct_frac": "share of groups whose G completions are all correct (NaN when recipe.group_size = 1: not applicable)",
+    "train/dead_all_wrong_frac": "share of groups whose G completions are all wrong (NaN when recipe.group_size = 1: not applicable)",
     "train/gen_rounds": "generation rounds used this step (> 1 only with dynamic sampling)",
     "train/live_groups": "groups trained on this step (dynamic sampling drops dead ones)",
     "train/nonzero_adv_token_frac": "share of completion tokens whose advantage is non-zero",
@@ -72,8 +72,29 @@ STEP_METRICS: dict[str, str] = {
     "offpolicy/lag_max": "max over tokens of that lag",
 }
 
+# policy-loss registry (`recipe.policy_loss`): each is logged only by the losses that define it
+STEP_METRICS.update({
+    "train/cispo_cap_frac": "cispo: share of tokens whose importance ratio exceeds `recipe.cispo_cap` (weight capped)",
+    "train/soft_gate_mean": "sapo: mean gradient weight 4*sigmoid*(1 - sigmoid) of the soft gate over tokens (1 on-policy)",
+    "train/cov_select_frac": "clip_cov / kl_cov: share of tokens selected by covariance (loss zeroed / penalised)",
+    "train/sft_token_frac": "raft: share of tokens in positive-advantage (rewarded) completions, the SFT targets",
+})
+
+# entropy mechanism and update-size diagnostics (Cui et al. 2025; Wang et al. 2025)
+STEP_METRICS.update({
+    "policy/entropy_adv_cov": "mean over tokens of (logp - mean logp)(A - mean A), logp of the update's forward (Cui et al. 2025): > 0 means entropy is expected to fall; mean over the step's minibatch updates",
+    "train/high_entropy_token_frac": "share of tokens whose entropy exceeds 0.672 nats (the 80th percentile Wang et al. 2025 report for Qwen3; a fixed yardstick)",
+    "train/ppo_kl": "k3 estimate of KL(pi_old || pi_theta) per token on the sampled tokens (0 on-policy), mean over minibatch updates",
+    "train/adv_abs_max": "max |advantage| over completions (first token's for token-level advantages)",
+    "kl/coef": "KL coefficient used this step (`recipe.kl_coef`, adapted towards `recipe.kl_target` when set; absent when KL is off)",
+    "kl/ref_resets": "reference resets so far (`recipe.ref_reset_every` > 0 only)",
+    "kl/steps_since_reset": "steps since the last reference reset (0 right after one; `recipe.ref_reset_every` > 0 only)",
+    "train/terminated_len_mean": "mean length of the completions that ended with EOS (NaN if every completion was truncated)",
+})
+
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
+    "eval/maj@{k}": "held-out majority vote: share of problems whose most frequent extracted answer among the first k samples is correct (tasks without answer extraction vote on the verifier outcome: all correct samples count as one answer, each distinct wrong text as another)",
     "eval/pass@1_exact": "exact pass@1 of the tabular toy policy (product of correct-token probabilities)",
     "eval/greedy_acc": "share of held-out problems solved by the greedy decode",
     "eval/reward_mean": "mean strict-verifier reward of held-out samples",
@@ -88,7 +109,7 @@ def is_defined(name: str) -> bool:
     """True if `name` is in one of the tables (pass@k matches any k)."""
     if name in STEP_METRICS or name in EVAL_METRICS:
         return True
-    return re.fullmatch(r"eval/pass@\d+", name) is not None
+    return re.fullmatch(r"eval/(pass|maj)@\d+", name) is not None
 
 
 def render_markdown() -> str:

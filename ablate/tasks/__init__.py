@@ -27,8 +27,10 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 def make_task(cfg: TaskConfig) -> Task:
     if cfg.name not in _REGISTRY:
         raise ValueError(f"unknown task {cfg.name!r}; known tasks: {', '.join(_REGISTRY)}")
+    from ablate.tasks.controls import with_reward_mode
+
     module, fn = _REGISTRY[cfg.name]
-    return getattr(importlib.import_module(module), fn)(cfg)
+    return with_reward_mode(getattr(importlib.import_module(module), fn)(cfg), cfg.reward_mode)
 
 
 def check_disjoint(task: Task) -> None:

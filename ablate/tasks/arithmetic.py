@@ -90,6 +90,10 @@ class ArithmeticTask:
     def prompt_text(self, problem: Problem, tokenizer=None) -> str:
         return problem.prompt  # a base model, no chat template: the prompt as is
 
+    def extract(self, completion: str) -> str | None:
+        """The answer the verifier reads (used by held-out maj@k); None when there is none."""
+        return _first_word(completion) or None
+
     def score(self, problem: Problem, completion: str) -> float:
         return float(_first_word(completion) == problem.answer)
 

@@ -64,6 +64,9 @@ class ToyTask:
     def prompt_text(self, problem: Problem, tokenizer=None) -> str:
         return problem.prompt
 
+    def extract(self, completion: str) -> str:
+        return completion  # the two answer digits
+
     def score(self, problem: Problem, completion: str) -> float:
         return float(completion == problem.answer)
 

@@ -28,7 +28,7 @@ from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
-from ablate.train import offpolicy, preemption
+from ablate.train import offpolicy, preemption, recipes
 from ablate.train.rollout import LMPolicy, RolloutEngine
 
 # --- set-up -----------------------------------------------------------------------------------------
@@ -197,11 +197,14 @@ def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int =
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
-           optimizer, cfg: RunConfig, is_weights: torch.Tensor | None = None) -> dict[str, float]:
+           optimizer, cfg: RunConfig, step: int = 0, kl_coef: float | None = None,
+           is_weights: torch.Tensor | None = None) -> dict[str, float]:
     """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style); `is_weights`
     [N,T] multiply the per-token policy loss (behaviour -> old correction, ablate/rl/corrections.py)."""
     r = cfg.recipe
+    kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
+    loss_fn, loss_params = losses.POLICY_LOSSES[r.policy_loss], recipes.policy_loss_params(r, cfg.seed, step)
     N = len(batch.rollout)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     logs: dict[str, list[float]] = {}
@@ -213,22 +216,22 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             check_finite("logits", logits)
             logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
             old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
-            loss_policy, clip = losses.policy_loss(
-                logp, old, adv[idx], mask, eps_low=r.eps_low, eps_high=r.eps_high, dual_clip=r.dual_clip,
-                ratio_level=r.ratio_level, agg=r.loss_agg, max_len=r.max_new_tokens,
-                is_weights=is_weights[idx] if is_weights is not None else None)
+            ent_tok = losses.entropy_from_logits(logits if r.entropy_coef else logits.detach())  # [n, T]
+            weight = recipes.token_weight(r, ent_tok, mask, is_weights[idx] if is_weights is not None else None)
+            loss_policy, clip = loss_fn(logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens,
+                                        **loss_params, **weight)
+            if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
+                loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
+                    logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
             loss = loss_policy
             kl = torch.zeros(())
             if ref_logp is not None:
                 kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[idx]), mask, r.max_new_tokens)
                 if r.kl_placement == "loss":
-                    loss = loss + r.kl_coef * kl
+                    loss = loss + kl_coef * kl
+            entropy = agg(ent_tok, mask, r.max_new_tokens)
             if r.entropy_coef:
-                entropy = agg(losses.entropy_from_logits(logits), mask, r.max_new_tokens)
                 loss = loss - r.entropy_coef * entropy
-            else:
-                with torch.no_grad():
-                    entropy = agg(losses.entropy_from_logits(logits), mask, r.max_new_tokens)
             if not torch.isfinite(loss):
                 raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
             optimizer.zero_grad(set_to_none=True)
@@ -238,7 +241,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             with overflow_is_divergence("optimizer step"):
                 optimizer.step()
             row = {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": entropy,
-                   "grad_norm": grad_norm, **clip}
+                   "grad_norm": grad_norm, **clip, **losses.policy_diagnostics(logp, old, adv[idx], mask, ent_tok)}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
                 row["entropy"], row["kl"] = entropy, kl
             for k, v in row.items():
@@ -254,13 +257,20 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
 def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, chunk: int = 64):
     """Held-out pass@k (strict verifier, n samples at eval temperature), greedy accuracy, samples."""
     e, n = cfg.eval, cfg.eval.n_samples
-    counts, rewards, lengths, greedy, samples = [], [], [], [], []
+    counts, rewards, lengths, greedy, samples, answers, oks = [], [], [], [], [], [], []
+    # maj@k votes over the task's extracted answers; a task without `extract` votes on the verifier
+    # outcome: every correct sample counts as one answer, each wrong one as its own stripped text
+    extract = getattr(task, "extract", None)
     for start in range(0, len(heldout), chunk):
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
         ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
         scores = torch.tensor([task.score(probs[i // n], t) for i, t in enumerate(ro.texts)]).view(len(probs), n)
         counts += (scores >= 1).sum(1).tolist()
+        oks += (scores >= 1).tolist()
+        answers += [[extract(t) if extract else ("<correct>" if ok else t.strip())
+                     for t, ok in zip(ro.texts[i * n:(i + 1) * n], (scores[i] >= 1).tolist())]
+                    for i in range(len(probs))]
         rewards.append(scores.flatten())
         lengths.append(ro.lengths.cpu())
         g = policy.sample(prompts, 1, 1.0, cfg.recipe.max_new_tokens, greedy=True)
@@ -270,6 +280,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
                         "reward": float(scores[i, 0]), "correct": bool(scores[i, 0] >= 1)}
                        for i in range(min(e.num_samples_logged, len(probs)))]
     row = {f"eval/pass@{k}": stats.mean_pass_at_k(counts, n, k) for k in e.ks}
+    row.update({f"eval/maj@{k}": stats.mean_maj_at_k(answers, oks, k) for k in e.ks})
     row.update({
         "eval/greedy_acc": float(np.mean(greedy)),
         "eval/reward_mean": float(torch.cat(rewards).mean()),
@@ -299,7 +310,9 @@ def step_metrics(batch: Batch, rewards, kl_reward, adv, mask, up: dict) -> dict[
         "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
         "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * mask).sum() / mask.sum()),
         "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
-        **{f"train/{k}": v for k, v in up.items()},
+        **{k if "/" in k else f"train/{k}": v for k, v in up.items()},  # e.g. policy/entropy_adv_cov as is
+        "train/adv_abs_max": float(adv.abs().max()),
+        "train/terminated_len_mean": float(lengths[~batch.rollout.truncated].float().mean()),  # NaN if none
         "train/completion_len_mean": float(lengths.float().mean()),
         "train/completion_len_max": float(lengths.max()),
         "train/truncation_rate": float(batch.rollout.truncated.float().mean()),
@@ -369,6 +382,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     # a policy with its own random stream (the chapter toy) draws its prompts and sampling noise from it
     stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else \
         PromptStream(len(train_set), cfg.seed)
+    kl_state = recipes.KLState(r.kl_coef)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
     pending = offpolicy.Pending()  # sampled batches not yet trained on: the staleness FIFO (k deep)
 
@@ -378,6 +392,10 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["rng"])
+        if "kl_state" in ckpt:
+            kl_state = recipes.KLState(**ckpt["kl_state"])
+        if "ref" in ckpt:  # a reset reference is no longer the base model
+            ref.module.load_state_dict(ckpt["ref"])
         stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
                                                              ("stream", "step", "counters", "wall", "since_eval"))
         pending = offpolicy.pending_from_state(ckpt.get("pending", []), Batch)
@@ -399,7 +417,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
-            "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending)},
+            "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending),
+            "kl_state": kl_state.state_dict(), **({"ref": ref.module.state_dict()} if r.ref_reset_every else {})},
             run_id(cfg))
 
     with bar, preemption.guard(save_checkpoint):
@@ -422,13 +441,13 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
-                kl_reward = torch.zeros_like(rewards)
+                kl_reward, kl_tok = torch.zeros_like(rewards), None
                 if ref is not None and r.kl_placement == "reward":  # PPO/REINFORCE++: KL as a reward term
                     kl_tok = losses.KL_ESTIMATORS[r.kl_estimator](old_logp, ref_logp)
-                    kl_reward = r.kl_coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
+                    kl_reward = kl_state.coef * (kl_tok * mask).sum(-1).view_as(rewards).cpu()
                     rewards = rewards - kl_reward
                 t2 = time.perf_counter()
-                # 3. advantages, one per completion, broadcast to its tokens
+                # 3. advantages, one per completion broadcast to its tokens (or per token: recipe.adv_whiten)
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
                                          greedy_rewards=greedy).flatten().to(mask.device, mask.dtype)
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
@@ -437,14 +456,18 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 off = offpolicy.step_metrics(old_logp, batch.rollout.behav_logp, loss_mask, is_weights, kept.bool(),
                                              is_stats, lag=step - 1 - version)
                 loss_mask = kept
+                adv = recipes.shape_advantages(
+                    recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask, kl_state.coef), r)
                 # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
                     up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
-                                optimizer, cfg, is_weights)
+                                optimizer, cfg, step, kl_state.coef, is_weights)
                     check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
+                kl_row = recipes.end_of_step(r, kl_state, step, up["kl"], len(batch.rollout), policy, ref, optimizer) \
+                    if ref is not None else {}
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
                 engine.sync_weights(policy.module, step)  # the sampler gets the weights of update `step`
@@ -454,8 +477,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 counters["samples"] += len(batch.rollout)
                 counters["tokens"] += int(lengths.sum())
                 since_eval.append(float(batch.correct.mean()))
-                row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), **off, "train/lr": lr,
-                       "train/format_weight": fmt_weight,
+                adv_row = recipes.per_completion(adv)  # [N] for the logs
+                row = {**step_metrics(batch, rewards, kl_reward, adv_row, mask, up), **off, "train/lr": lr,
+                       "train/format_weight": fmt_weight, **kl_row,
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
                        "perf/generate_seconds": t1 - t0 - batch.reward_seconds,
@@ -466,7 +490,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
                     ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
-                    samples += train_samples(task, batch, rewards, adv, cfg, tokenizer)
+                    samples += train_samples(task, batch, rewards, adv_row, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)))
                     since_eval = []
                     if should_prune is not None and step < cfg.steps and should_prune(step, ev):
