@@ -26,7 +26,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["loss", "reward"]
 Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
-TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition"]
+TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code"]
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -54,6 +54,9 @@ class TaskConfig:
     answer_format: Literal["boxed", "answer_tag"] = "boxed"
     # toy_addition: fixed per-prompt reward offset, standard normal (a reward model's prompt bias)
     reward_offset: bool = False
+    # code: share of tests passed (partial) or 1 only when all pass; sandboxes run in parallel slots
+    code_reward: Literal["partial", "all"] = "partial"
+    code_workers: int = 4
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,8 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(not t.gameable or t.name == "arithmetic", "task.gameable is only defined for task.name='arithmetic'")
     check(not t.reward_offset or t.name == "toy_addition",
           "task.reward_offset is only defined for task.name='toy_addition'")
+    check(1 <= t.code_workers <= 64, "task.code_workers must be in 1..64 (parallel sandbox slots)")
+    check(t.name != "code" or not t.gameable, "task.gameable is not defined for task.name='code'")
     if t.name == "toy_addition":
         check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

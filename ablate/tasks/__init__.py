@@ -13,7 +13,7 @@ from ablate.config import TaskConfig
 from ablate.tasks.base import Problem, Split, Task
 
 __all__ = ["Problem", "Split", "Task", "chat_prompt", "check_disjoint", "extract_boxed",
-           "extract_tagged", "make_task"]
+           "extract_tagged", "make_task", "score_batch"]
 
 # name -> (module, builder function); each builder takes the TaskConfig and returns a Task
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -21,6 +21,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "reasoning_gym": ("ablate.tasks.reasoning_gym", "build"),
     "jsonl": ("ablate.tasks.jsonl", "build"),
     "toy_addition": ("ablate.tasks.toy", "build_task"),
+    "code": ("ablate.tasks.code", "build"),
 }
 
 
@@ -29,6 +30,16 @@ def make_task(cfg: TaskConfig) -> Task:
         raise ValueError(f"unknown task {cfg.name!r}; known tasks: {', '.join(_REGISTRY)}")
     module, fn = _REGISTRY[cfg.name]
     return getattr(importlib.import_module(module), fn)(cfg)
+
+
+def score_batch(task: Task, problems: list[Problem], completions: list[str], train: bool) -> list[float]:
+    """`train_score` (train=True) or `score` of each (problem, completion) pair; a task with a batched form
+    (`train_score_many` / `score_many`, e.g. the code task's parallel sandboxes) is called once."""
+    name = "train_score" if train else "score"
+    many = getattr(task, f"{name}_many", None)
+    if many is not None:
+        return list(many(problems, completions))
+    return [getattr(task, name)(p, c) for p, c in zip(problems, completions)]
 
 
 def check_disjoint(task: Task) -> None:

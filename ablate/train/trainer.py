@@ -25,7 +25,7 @@ from ablate.rl.advantages import compute_advantages
 from ablate.rl.rewards import format_weight_at, overlong_penalty
 from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
-from ablate.tasks import make_task
+from ablate.tasks import make_task, score_batch
 from ablate.tasks.base import Problem
 from ablate.train import preemption
 from ablate.train.rollout import LMPolicy
@@ -120,7 +120,7 @@ class Batch:
 def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int, fmt_weight: float):
     """[B, group] tensors: total task reward (verifier + fmt_weight * format + overlong) and its components."""
     texts = rollout.texts
-    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)])
+    correct = torch.tensor(score_batch(task, [problems[i // group] for i in range(len(texts))], texts, train=True))
     fmt = torch.tensor([task.format_score(t) for t in texts]) if r.format_weight else torch.zeros(len(texts))
     if r.overlong == "soft_penalty":
         over = overlong_penalty(rollout.lengths.cpu(), r.max_new_tokens, r.overlong_buffer, r.overlong_factor)
@@ -153,8 +153,8 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
                            r.temperature, r.max_new_tokens)
         t1 = time.perf_counter()
         total, correct, fmt, over = task_rewards(task, problems, ro, r, r.group_size, fmt_weight)
-        strict = torch.tensor([[task.score(p, t) for t in ro.texts[i * r.group_size:(i + 1) * r.group_size]]
-                               for i, p in enumerate(problems)])
+        strict = torch.tensor(score_batch(task, [p for p in problems for _ in range(r.group_size)], ro.texts,
+                                          train=False)).view(len(problems), r.group_size)
         t_gen, t_reward = t_gen + t1 - t0, t_reward + time.perf_counter() - t1
         all_rewards.append(total)
         all_strict.append(strict)
@@ -244,7 +244,8 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
         ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
-        scores = torch.tensor([task.score(probs[i // n], t) for i, t in enumerate(ro.texts)]).view(len(probs), n)
+        scores = torch.tensor(score_batch(task, [p for p in probs for _ in range(n)], ro.texts, train=False)
+                              ).view(len(probs), n)
         counts += (scores >= 1).sum(1).tolist()
         rewards.append(scores.flatten())
         lengths.append(ro.lengths.cpu())
