@@ -28,6 +28,7 @@ Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
 TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code"]
 Device = Literal["auto", "cpu", "cuda"]
+DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling", "prioritized", "curriculum"]
 
 
 class ConfigError(ValueError):
@@ -66,6 +67,32 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class Stage:
+    step: int      # first step of the stage
+    value: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A per-step value (ablate/rl/schedules.py): `constant` (value), `linear` (start at step 1 to end at
+    step `steps`, then held) or `stages` (each stage's value from its step on; the first starts at 1)."""
+
+    kind: Literal["constant", "linear", "stages"] = "constant"
+    value: float = 0.0
+    start: float = 0.0
+    end: float = 0.0
+    steps: int = 0
+    stages: tuple[Stage, ...] = ()
+
+
+def schedule_values(s: float | Schedule) -> list[float]:
+    """The values a plain number or schedule takes (a linear one's extremes are its ends)."""
+    if not isinstance(s, Schedule):
+        return [s]
+    return {"constant": [s.value], "linear": [s.start, s.end], "stages": [st.value for st in s.stages]}[s.kind]
+
+
+@dataclass(frozen=True)
 class RecipeConfig:
     """The RL recipe toggles; DESIGN.md section 3 defines each one."""
 
@@ -90,10 +117,15 @@ class RecipeConfig:
     overlong_factor: float = 1.0
     format_weight: float = 0.0
     format_anneal_steps: int = 0  # 0 = constant; N = format_weight falls linearly to 0 at step N
-    temperature: float = 1.0
-    max_new_tokens: int = 8
+    temperature: float | Schedule = 1.0    # a number, or a step schedule (Schedule)
+    max_new_tokens: int | Schedule = 8
     update_epochs: int = 1
     minibatches: int = 1
+    # online data policy (ablate/rl/data_policy.py): which prompts a step samples
+    data_policy: DataPolicy = "uniform"
+    retire_threshold: float = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
+    priority_smoothing: float = 0.1   # prioritized: p(i) ~ 1 - s_i + smoothing
+    curriculum_start: float = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
 
 
 @dataclass(frozen=True)
@@ -204,7 +236,7 @@ def coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
                 return coerce(value, arg, path, source)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0])
+        raise ConfigError(errors[-1] if isinstance(value, dict) else errors[0])  # a mapping: the dataclass's error
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -310,9 +342,18 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(r.kl_coef >= 0, "recipe.kl_coef must be >= 0 (0 = off)")
     check(r.std_eps > 0, "recipe.std_eps must be > 0")
     check(r.entropy_coef >= 0, "recipe.entropy_coef must be >= 0")
-    check(r.temperature > 0, "recipe.temperature must be > 0")
-    check(r.max_new_tokens >= 1, "recipe.max_new_tokens must be >= 1")
-    check(r.overlong != "soft_penalty" or 0 < r.overlong_buffer < r.max_new_tokens,
+    for name in ("temperature", "max_new_tokens"):
+        sched = getattr(r, name)
+        if isinstance(sched, Schedule):
+            check(sched.kind != "linear" or sched.steps >= 1, f"recipe.{name}: a linear schedule needs steps >= 1")
+            check(sched.kind != "stages" or (bool(sched.stages) and sched.stages[0].step == 1 and all(
+                a.step < b.step for a, b in zip(sched.stages, sched.stages[1:]))),
+                f"recipe.{name}: stages need strictly increasing steps, the first at step 1")
+    temperatures, lengths = schedule_values(r.temperature), schedule_values(r.max_new_tokens)
+    check(all(v > 0 for v in temperatures), "recipe.temperature must be > 0 (every value of its schedule)")
+    check(all(v >= 1 and float(v).is_integer() for v in lengths),
+          "recipe.max_new_tokens must be an integer >= 1 (every value of its schedule)")
+    check(r.overlong != "soft_penalty" or 0 < r.overlong_buffer < min(lengths),
           "recipe.overlong_buffer must be in (0, recipe.max_new_tokens) with recipe.overlong='soft_penalty'")
     check(r.overlong_factor >= 0, "recipe.overlong_factor must be >= 0")
     check(r.format_weight >= 0, "recipe.format_weight must be >= 0")
@@ -321,6 +362,14 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.format_anneal_steps anneals recipe.format_weight, which is 0 (set a weight > 0)")
     check(r.update_epochs >= 1, "recipe.update_epochs must be >= 1")
     check(r.minibatches >= 1, "recipe.minibatches must be >= 1")
+    check(0 < r.retire_threshold <= 1, "recipe.retire_threshold must be in (0, 1]")
+    check(r.priority_smoothing > 0, "recipe.priority_smoothing must be > 0")
+    check(0 < r.curriculum_start <= 1, "recipe.curriculum_start must be in (0, 1]")
+    check(r.data_policy != "zero_variance_filter" or not r.dynamic_sampling,
+          "recipe.data_policy='zero_variance_filter' drops dead groups without resampling; "
+          "recipe.dynamic_sampling resamples them: choose one")
+    check(r.data_policy != "zero_variance_filter" or r.group_size >= 2,
+          "recipe.data_policy='zero_variance_filter' needs recipe.group_size >= 2")
     check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")
     check(r.minibatches <= cfg.samples_per_step,
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
@@ -347,7 +396,7 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(1 <= t.code_workers <= 64, "task.code_workers must be in 1..64 (parallel sandbox slots)")
     check(t.name != "code" or not t.gameable, "task.gameable is not defined for task.name='code'")
     if t.name == "toy_addition":
-        check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
+        check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
         check(r.overlong == "none", "task.name='toy_addition' has fixed-length answers: recipe.overlong must be 'none'")
     if problems:

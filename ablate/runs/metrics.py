@@ -42,6 +42,13 @@ STEP_METRICS: dict[str, str] = {
     "train/loss_entropy": "entropy term of the loss, before the coefficient",
     "train/grad_norm": "global gradient norm before clipping (mean over minibatch updates)",
     "train/lr": "learning rate of the step",
+    # online data policy (`recipe.data_policy`)
+    "data/pool_size": "training prompts still in the pool (all but those retired by `no_positive_resampling`)",
+    "data/retired_frac": "share of training prompts retired so far (pass rate >= `recipe.retire_threshold`)",
+    "data/sampled_pass_rate_mean": "mean strict pass rate of the groups of the prompts sampled this step (all generation rounds, groups dropped from the update included)",
+    # step schedules (`recipe.temperature`, `recipe.max_new_tokens`: a number or a schedule)
+    "train/temperature": "sampling temperature of the step (the value of `recipe.temperature` at this step)",
+    "train/max_new_tokens": "completion length limit of the step (the value of `recipe.max_new_tokens` at this step)",
     "counters/samples": "completions generated so far (x-axis for sample-matched comparisons)",
     "counters/tokens": "completion tokens generated so far (x-axis for compute-matched comparisons)",
     "perf/wall_seconds": "seconds since the run (or its resumed part) started, cumulative across resumes",

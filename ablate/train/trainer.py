@@ -24,10 +24,12 @@ from ablate.rl import losses, stats
 from ablate.rl.advantages import compute_advantages
 from ablate.rl.rewards import format_weight_at, overlong_penalty
 from ablate.rl.sampling import Rollout
+from ablate.rl.schedules import at_step
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch
 from ablate.tasks.base import Problem
 from ablate.train import preemption
+from ablate.train.data import PromptSampler
 from ablate.train.rollout import LMPolicy
 
 
@@ -98,6 +100,11 @@ class PromptStream:
         self.position += k
         return out
 
+    drops_dead_groups = False  # the uniform stream: nothing to filter, nothing to observe
+
+    def observe(self, indices: list[int], pass_rates: list[float]) -> None:
+        pass
+
 
 # --- rollout and reward ----------------------------------------------------------------------------
 
@@ -147,7 +154,8 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
     all_rewards, all_strict = [], []
     rounds, t_gen, t_reward = 0, 0.0, 0.0
     while rounds < rounds_allowed and sum(len(b.problems) for b in kept) < B:
-        problems = [train[i] for i in stream.take(B)]
+        idx = stream.take(B)  # recipe.data_policy (ablate/rl/data_policy.py)
+        problems = [train[i] for i in idx]
         t0 = time.perf_counter()
         ro = policy.sample([task.prompt_text(p, tokenizer) for p in problems], r.group_size,
                            r.temperature, r.max_new_tokens)
@@ -158,10 +166,12 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
         t_gen, t_reward = t_gen + t1 - t0, t_reward + time.perf_counter() - t1
         all_rewards.append(total)
         all_strict.append(strict)
+        stream.observe(idx, (strict >= 1).float().mean(1).tolist())
         rounds += 1
         live = torch.arange(len(problems))
-        if r.dynamic_sampling:
-            live = torch.nonzero(total.max(1).values > total.min(1).values).flatten()
+        if r.dynamic_sampling or stream.drops_dead_groups:
+            spread = torch.nonzero(total.max(1).values > total.min(1).values).flatten()
+            live = spread if r.dynamic_sampling or len(spread) else live  # all dead: a no-op update instead
         rows = (live[:, None] * r.group_size + torch.arange(r.group_size)).flatten()
         kept.append(Batch([problems[i] for i in live.tolist()], ro.select(rows), total[live], correct[live],
                           fmt[live], over[live]))
@@ -349,7 +359,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     if ref is not None:
         ref.module.requires_grad_(False)
     optimizer, scheduler = make_optimizer(policy.module, cfg)
-    stream = PromptStream(len(train_set), cfg.seed)
+    stream = PromptSampler(len(train_set), cfg)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
 
     ckpt = store.load_checkpoint()
@@ -358,12 +368,12 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["rng"])
-        stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
-                                                             ("stream", "step", "counters", "wall", "since_eval"))
+        step, counters, wall, since_eval = (ckpt[k] for k in ("step", "counters", "wall", "since_eval"))
+        stream.load_state_dict(ckpt["stream"])
         store.truncate_after(step)
     else:
         store.truncate_after(-1)
-        log_eval(store, 0, *evaluate(policy, task, heldout, cfg, tokenizer), None)
+        log_eval(store, 0, *evaluate(policy, task, heldout, at_step(cfg, 0), tokenizer), None)
 
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
@@ -374,7 +384,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     def save_checkpoint() -> None:  # the state at the last step boundary
         store.save_checkpoint({
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
+            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.state_dict(),
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg)})
 
@@ -383,9 +393,11 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             with preemption.step():  # a SLURM warning signal waits for the step to end
                 step += 1
                 t0 = time.perf_counter()
+                cfg_t = at_step(cfg, step)  # recipe.temperature / max_new_tokens schedules resolved (rl/schedules.py)
+                r = cfg_t.recipe
                 # 1. rollout + reward (dynamic sampling inside)
                 fmt_weight = format_weight_at(r.format_weight, r.format_anneal_steps, step)
-                batch = collect(policy, task, train_set, stream, cfg, tokenizer, fmt_weight)
+                batch = collect(policy, task, train_set, stream, cfg_t, tokenizer, fmt_weight)
                 greedy = greedy_rewards(policy, task, batch.problems, r, tokenizer, fmt_weight) \
                     if r.baseline == "greedy" else None
                 t1 = time.perf_counter()
@@ -406,7 +418,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # 4. update
                 try:
-                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg)
+                    up = update(policy, ref_logp, old_logp, batch, adv, loss_mask, optimizer, cfg_t)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
@@ -419,7 +431,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 counters["tokens"] += int(lengths.sum())
                 since_eval.append(float(batch.correct.mean()))
                 row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), "train/lr": lr,
-                       "train/format_weight": fmt_weight,
+                       "train/format_weight": fmt_weight, **stream.metrics(),
+                       "train/temperature": r.temperature, "train/max_new_tokens": r.max_new_tokens,
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
                        "perf/generate_seconds": t1 - t0 - batch.reward_seconds,
@@ -429,7 +442,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                        "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9)}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
-                    ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
+                    ev, samples = evaluate(policy, task, heldout, cfg_t, tokenizer)
                     samples += train_samples(task, batch, rewards, adv, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)))
                     since_eval = []
