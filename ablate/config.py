@@ -58,6 +58,8 @@ class TaskConfig:
     # code: share of tests passed (partial) or 1 only when all pass; sandboxes run in parallel slots
     code_reward: Literal["partial", "all"] = "partial"
     code_workers: int = 4
+    # reasoning_gym: the dataset's own configuration (difficulty parameters), passed to create_dataset
+    rg_config: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,10 @@ def coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[-1] if isinstance(value, dict) else errors[0])  # a mapping: the dataclass's error
+    if origin is dict:  # a free-form mapping of plain values (parse already made it JSON data)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{_where(source, path)}: expected a mapping, got {value!r}")
+        return dict(value)
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -395,6 +401,11 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "task.reward_offset is only defined for task.name='toy_addition'")
     check(1 <= t.code_workers <= 64, "task.code_workers must be in 1..64 (parallel sandbox slots)")
     check(t.name != "code" or not t.gameable, "task.gameable is not defined for task.name='code'")
+    check(not t.rg_config or t.name == "reasoning_gym", "task.rg_config is only defined for task.name='reasoning_gym'")
+    check(not {"seed", "size"} & set(t.rg_config),
+          "task.rg_config must not set seed or size (they come from task.seed, task.num_train, task.num_heldout)")
+    if t.name == "reasoning_gym" and t.rg_config and t.dataset and not {"seed", "size"} & set(t.rg_config):
+        problems.extend(rg_config_problems(t.dataset, t.rg_config))
     if t.name == "toy_addition":
         check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
@@ -402,6 +413,27 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
+
+
+def rg_config_problems(dataset: str, rg_config: dict) -> list[str]:
+    """Check `task.rg_config` against the reasoning-gym dataset's config class (imported only when used)."""
+    from reasoning_gym.factory import DATASETS  # slow import: paid only when task.rg_config is set
+
+    if dataset not in DATASETS:
+        return [f"task.dataset: unknown reasoning-gym dataset {dataset!r}"]
+    config_cls = DATASETS[dataset][1]
+    allowed = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+    unknown = sorted(set(rg_config) - set(allowed))
+    if unknown:
+        return [f"task.rg_config: unknown key(s) {', '.join(unknown)} for dataset {dataset!r}; "
+                f"valid keys: {', '.join(allowed)}"]
+    try:
+        config = config_cls(**rg_config, seed=0, size=1)
+        if hasattr(config, "validate"):
+            config.validate()
+    except Exception as e:  # reasoning-gym validates with asserts and ValueErrors
+        return [f"task.rg_config: rejected by {config_cls.__name__}: {e or type(e).__name__}"]
+    return []
 
 
 def hash_config(data: dict) -> str:
