@@ -26,7 +26,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["loss", "reward"]
 Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
-TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code"]
+TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code", "mixture"]
 Device = Literal["auto", "cpu", "cuda"]
 DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling", "prioritized", "curriculum"]
 
@@ -60,6 +60,13 @@ class TaskConfig:
     code_workers: int = 4
     # reasoning_gym: the dataset's own configuration (difficulty parameters), passed to create_dataset
     rg_config: dict[str, Any] = field(default_factory=dict, hash=False)
+    # mixture: entries are task sections plus a weight (share of task.num_train); see ablate/tasks/mixture.py
+    mixture: tuple[MixtureEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class MixtureEntry(TaskConfig):
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -406,6 +413,20 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "task.rg_config must not set seed or size (they come from task.seed, task.num_train, task.num_heldout)")
     if t.name == "reasoning_gym" and t.rg_config and t.dataset and not {"seed", "size"} & set(t.rg_config):
         problems.extend(rg_config_problems(t.dataset, t.rg_config))
+    check(t.name != "mixture" or len(t.mixture) >= 2, "task.name='mixture' needs task.mixture with >= 2 entries")
+    check(not t.mixture or t.name == "mixture", "task.mixture is only defined for task.name='mixture'")
+    check(t.name != "mixture" or r.format_weight == 0,
+          "task.name='mixture': recipe.format_weight must be 0 (each task has its own format)")
+    for i, entry in enumerate(t.mixture):
+        check(entry.weight > 0, f"task.mixture[{i}].weight must be > 0")
+        check(entry.name not in ("mixture", "toy_addition"),
+              f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy)")
+        if entry.name not in ("mixture", "toy_addition"):
+            inner = {f.name: getattr(entry, f.name) for f in dataclasses.fields(TaskConfig)}
+            try:
+                validate(dataclasses.replace(cfg, task=TaskConfig(**inner)))
+            except ConfigError as err:
+                problems.extend(f"task.mixture[{i}]: {line.strip()[2:]}" for line in str(err).splitlines()[1:])
     if t.name == "toy_addition":
         check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

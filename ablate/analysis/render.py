@@ -149,6 +149,9 @@ def html(rep, title: str, meta: dict) -> str:
         p.append(f"<img alt='pass@k vs k' src='data:image/png;base64,{rep.figures['passk']}'>")
     else:
         p.append("<p>No pass@k evaluations logged.</p>")
+    if rep.tasks is not None and len(rep.tasks):
+        p.append("<h3>Per task (task mixture)</h3>")
+        p.append(_table(*_task_rows(rep)))
     sec("diagnostics")
     p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
     p.append("<p class='meta'>Entropy start / at 20% of steps / end; KL max and end; dead-group shares, truncation "
@@ -168,6 +171,12 @@ def html(rep, title: str, meta: dict) -> str:
     return "\n".join(p)
 
 
+def _task_rows(rep):
+    """Final held-out pass@k of each task of a mixture, per arm."""
+    return (["task", "arm", "k", "mean [95% CI]", "n"],
+            [[r.task, r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.tasks.itertuples()])
+
+
 def markdown(rep, title: str, meta: dict) -> str:
     p = [f"# {title}", "", f"Metric: `{rep.metric}` (final value per run, {rep.unit}); runs: "
          f"{', '.join(meta['paths'])}; generated {meta['generated']}. Figures: see the HTML report.", ""]
@@ -180,6 +189,8 @@ def markdown(rep, title: str, meta: dict) -> str:
     if len(rep.passk):
         p += ["## pass@k", "", _table(["arm", "k", "mean [95% CI]", "n"],
                                      [[r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.passk.itertuples()], md=True)]
+    if rep.tasks is not None and len(rep.tasks):
+        p += ["### Per task (task mixture)", "", _table(*_task_rows(rep), md=True)]
     if len(rep.diagnostics):
         p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
     p += ["## Runs", "", _table(*_run_rows(rep), md=True)]

@@ -49,6 +49,9 @@ STEP_METRICS: dict[str, str] = {
     # step schedules (`recipe.temperature`, `recipe.max_new_tokens`: a number or a schedule)
     "train/temperature": "sampling temperature of the step (the value of `recipe.temperature` at this step)",
     "train/max_new_tokens": "completion length limit of the step (the value of `recipe.max_new_tokens` at this step)",
+    # task mixtures (`task.name: mixture`), one per task label, e.g. train/arithmetic/reward_correct_mean
+    "train/{task}/reward_correct_mean": "mean training-verifier score of this step's groups of one task of a mixture",
+    "train/{task}/dead_group_frac": "share of this step's groups of one task whose G training-verifier scores are all equal",
     "counters/samples": "completions generated so far (x-axis for sample-matched comparisons)",
     "counters/tokens": "completion tokens generated so far (x-axis for compute-matched comparisons)",
     "perf/wall_seconds": "seconds since the run (or its resumed part) started, cumulative across resumes",
@@ -63,6 +66,7 @@ STEP_METRICS: dict[str, str] = {
 
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
+    "eval/{task}/pass@{k}": "unbiased pass@k on the held-out problems of one task of a mixture (task label, e.g. `code`, `reasoning_gym_chain_sum`)",
     "eval/pass@1_exact": "exact pass@1 of the tabular toy policy (product of correct-token probabilities)",
     "eval/greedy_acc": "share of held-out problems solved by the greedy decode",
     "eval/reward_mean": "mean strict-verifier reward of held-out samples",
@@ -77,7 +81,8 @@ def is_defined(name: str) -> bool:
     """True if `name` is in one of the tables (pass@k matches any k)."""
     if name in STEP_METRICS or name in EVAL_METRICS:
         return True
-    return re.fullmatch(r"eval/pass@\d+", name) is not None
+    return (re.fullmatch(r"eval/pass@\d+", name) is not None or re.fullmatch(r"eval/\w+/pass@\d+", name) is not None
+            or re.fullmatch(r"train/\w+/(reward_correct_mean|dead_group_frac)", name) is not None)
 
 
 def render_markdown() -> str:

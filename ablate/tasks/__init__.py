@@ -13,7 +13,7 @@ from ablate.config import TaskConfig
 from ablate.tasks.base import Problem, Split, Task
 
 __all__ = ["Problem", "Split", "Task", "chat_prompt", "check_disjoint", "extract_boxed",
-           "extract_tagged", "make_task", "score_batch"]
+           "extract_tagged", "make_task", "score_batch", "task_labels"]
 
 # name -> (module, builder function); each builder takes the TaskConfig and returns a Task
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -22,6 +22,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "jsonl": ("ablate.tasks.jsonl", "build"),
     "toy_addition": ("ablate.tasks.toy", "build_task"),
     "code": ("ablate.tasks.code", "build"),
+    "mixture": ("ablate.tasks.mixture", "build"),
 }
 
 
@@ -40,6 +41,12 @@ def score_batch(task: Task, problems: list[Problem], completions: list[str], tra
     if many is not None:
         return list(many(problems, completions))
     return [getattr(task, name)(p, c) for p, c in zip(problems, completions)]
+
+
+def task_labels(task: Task, problems: list[Problem]) -> list[str] | None:
+    """Each problem's task label in a mixture (for per-task metrics), or None for a single task."""
+    label = getattr(task, "label", None)
+    return [label(p) for p in problems] if label is not None else None
 
 
 def check_disjoint(task: Task) -> None:

@@ -26,8 +26,9 @@ from ablate.rl.rewards import format_weight_at, overlong_penalty
 from ablate.rl.sampling import Rollout
 from ablate.rl.schedules import at_step
 from ablate.runs.store import RunStore
-from ablate.tasks import make_task, score_batch
+from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
+from ablate.tasks.mixture import per_task_eval, per_task_train
 from ablate.train import preemption
 from ablate.train.data import PromptSampler
 from ablate.train.rollout import LMPolicy
@@ -266,6 +267,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
                         "reward": float(scores[i, 0]), "correct": bool(scores[i, 0] >= 1)}
                        for i in range(min(e.num_samples_logged, len(probs)))]
     row = {f"eval/pass@{k}": stats.mean_pass_at_k(counts, n, k) for k in e.ks}
+    row.update(per_task_eval(task_labels(task, heldout), counts, n, e.ks))  # task mixtures only
     row.update({
         "eval/greedy_acc": float(np.mean(greedy)),
         "eval/reward_mean": float(torch.cat(rewards).mean()),
@@ -433,6 +435,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 row = {**step_metrics(batch, rewards, kl_reward, adv, mask, up), "train/lr": lr,
                        "train/format_weight": fmt_weight, **stream.metrics(),
                        "train/temperature": r.temperature, "train/max_new_tokens": r.max_new_tokens,
+                       **per_task_train(task_labels(task, batch.problems), batch.correct),
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
                        "perf/generate_seconds": t1 - t0 - batch.reward_seconds,
