@@ -62,6 +62,8 @@ class TaskConfig:
     rg_config: dict[str, Any] = field(default_factory=dict, hash=False)
     # mixture: entries are task sections plus a weight (share of task.num_train); see ablate/tasks/mixture.py
     mixture: tuple[MixtureEntry, ...] = ()
+    # keep training prompts whose base-model pass rate is in [lo, hi] (`ablate difficulty` fills the cache)
+    pass_rate_band: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -427,6 +429,8 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
                 validate(dataclasses.replace(cfg, task=TaskConfig(**inner)))
             except ConfigError as err:
                 problems.extend(f"task.mixture[{i}]: {line.strip()[2:]}" for line in str(err).splitlines()[1:])
+    check(not t.pass_rate_band or (len(t.pass_rate_band) == 2 and 0 <= t.pass_rate_band[0] <= t.pass_rate_band[1] <= 1),
+          "task.pass_rate_band must be [lo, hi] with 0 <= lo <= hi <= 1 (or empty for no filter)")
     if t.name == "toy_addition":
         check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")

@@ -31,6 +31,7 @@ from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
 from ablate.train import preemption
 from ablate.train.data import PromptSampler
+from ablate.train.difficulty import band_filter
 from ablate.train.rollout import LMPolicy
 
 
@@ -353,7 +354,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     r = cfg.recipe
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task)
-    train_set, heldout = task.problems("train"), task.problems("heldout")
+    train_set, heldout = band_filter(cfg, task.problems("train")), task.problems("heldout")  # task.pass_rate_band
     policy = build_policy(cfg, task, device)
     tokenizer = getattr(policy, "tokenizer", None)
     # the reference exists only when KL is on
