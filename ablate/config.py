@@ -29,7 +29,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["loss", "reward"]
 Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
-TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition"]
+TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code", "mixture"]
 Device = Literal["auto", "cpu", "cuda"]
 ISCorrection = Literal["none", "tis", "mis", "icepop", "seq_tis", "seq_mis", "seq_geo_mask"]
 PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
@@ -38,6 +38,7 @@ RewardMode = Literal["verifier", "random", "inverted"]
 AdvWhiten = Literal["none", "token", "token_returns"]
 # policy losses that take recipe.ratio_level (the others define their own ratio or have none)
 RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
+DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling", "prioritized", "curriculum"]
 
 
 class ConfigError(ValueError):
@@ -70,12 +71,52 @@ class TaskConfig:
     # control arms for the training reward (held-out evaluation always uses the strict verifier):
     # random = Bernoulli(0.5) drawn independently of the completion (seeded by the run), inverted = 1 - score
     reward_mode: RewardMode = "verifier"
+    # code: share of tests passed (partial) or 1 only when all pass; sandboxes run in parallel slots
+    code_reward: Literal["partial", "all"] = "partial"
+    code_workers: int = 4
+    # reasoning_gym: the dataset's own configuration (difficulty parameters), passed to create_dataset
+    rg_config: dict[str, Any] = field(default_factory=dict, hash=False)
+    # mixture: entries are task sections plus a weight (share of task.num_train); see ablate/tasks/mixture.py
+    mixture: tuple[MixtureEntry, ...] = ()
+    # keep training prompts whose base-model pass rate is in [lo, hi] (`ablate difficulty` fills the cache)
+    pass_rate_band: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class MixtureEntry(TaskConfig):
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "models/tiny-arith"  # local folder or hub id, loaded with AutoModelForCausalLM
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+
+
+@dataclass(frozen=True)
+class Stage:
+    step: int      # first step of the stage
+    value: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A per-step value (ablate/rl/schedules.py): `constant` (value), `linear` (start at step 1 to end at
+    step `steps`, then held) or `stages` (each stage's value from its step on; the first starts at 1)."""
+
+    kind: Literal["constant", "linear", "stages"] = "constant"
+    value: float = 0.0
+    start: float = 0.0
+    end: float = 0.0
+    steps: int = 0
+    stages: tuple[Stage, ...] = ()
+
+
+def schedule_values(s: float | Schedule) -> list[float]:
+    """The values a plain number or schedule takes (a linear one's extremes are its ends)."""
+    if not isinstance(s, Schedule):
+        return [s]
+    return {"constant": [s.value], "linear": [s.start, s.end], "stages": [st.value for st in s.stages]}[s.kind]
 
 
 @dataclass(frozen=True)
@@ -103,8 +144,8 @@ class RecipeConfig:
     overlong_factor: float = 1.0
     format_weight: float = 0.0
     format_anneal_steps: int = 0  # 0 = constant; N = format_weight falls linearly to 0 at step N
-    temperature: float = 1.0
-    max_new_tokens: int = 8
+    temperature: float | Schedule = 1.0    # a number, or a step schedule (Schedule)
+    max_new_tokens: int | Schedule = 8
     update_epochs: int = 1
     minibatches: int = 1
     # off-policy (docs/offpolicy.md): the update at step s trains on the batch sampled by the policy of step
@@ -142,6 +183,11 @@ class RecipeConfig:
     ref_reset_every: int = 0
     kl_target: float | None = None
     kl_horizon: int = 10000
+    # online data policy (ablate/rl/data_policy.py): which prompts a step samples
+    data_policy: DataPolicy = "uniform"
+    retire_threshold: float = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
+    priority_smoothing: float = 0.1   # prioritized: p(i) ~ 1 - s_i + smoothing
+    curriculum_start: float = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
 
 
 @dataclass(frozen=True)
@@ -317,7 +363,11 @@ def coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
                 return coerce(value, arg, path, source)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0])
+        raise ConfigError(errors[-1] if isinstance(value, dict) else errors[0])  # a mapping: the dataclass's error
+    if origin is dict:  # a free-form mapping of plain values (parse already made it JSON data)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{_where(source, path)}: expected a mapping, got {value!r}")
+        return dict(value)
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -450,9 +500,18 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(r.kl_coef >= 0, "recipe.kl_coef must be >= 0 (0 = off)")
     check(r.std_eps > 0, "recipe.std_eps must be > 0")
     check(r.entropy_coef >= 0, "recipe.entropy_coef must be >= 0")
-    check(r.temperature > 0, "recipe.temperature must be > 0")
-    check(r.max_new_tokens >= 1, "recipe.max_new_tokens must be >= 1")
-    check(r.overlong != "soft_penalty" or 0 < r.overlong_buffer < r.max_new_tokens,
+    for name in ("temperature", "max_new_tokens"):
+        sched = getattr(r, name)
+        if isinstance(sched, Schedule):
+            check(sched.kind != "linear" or sched.steps >= 1, f"recipe.{name}: a linear schedule needs steps >= 1")
+            check(sched.kind != "stages" or (bool(sched.stages) and sched.stages[0].step == 1 and all(
+                a.step < b.step for a, b in zip(sched.stages, sched.stages[1:]))),
+                f"recipe.{name}: stages need strictly increasing steps, the first at step 1")
+    temperatures, lengths = schedule_values(r.temperature), schedule_values(r.max_new_tokens)
+    check(all(v > 0 for v in temperatures), "recipe.temperature must be > 0 (every value of its schedule)")
+    check(all(v >= 1 and float(v).is_integer() for v in lengths),
+          "recipe.max_new_tokens must be an integer >= 1 (every value of its schedule)")
+    check(r.overlong != "soft_penalty" or 0 < r.overlong_buffer < min(lengths),
           "recipe.overlong_buffer must be in (0, recipe.max_new_tokens) with recipe.overlong='soft_penalty'")
     check(r.overlong_factor >= 0, "recipe.overlong_factor must be >= 0")
     check(r.format_weight >= 0, "recipe.format_weight must be >= 0")
@@ -471,6 +530,14 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(r.is_lo is None or r.is_hi is None or r.is_lo <= r.is_hi, "recipe.is_lo must be <= recipe.is_hi")
     check(r.is_lo is None or r.is_correction not in ("mis", "seq_mis") or r.is_lo <= r.is_cap,
           f"recipe.is_lo must be <= recipe.is_cap with recipe.is_correction={r.is_correction!r}")
+    check(0 < r.retire_threshold <= 1, "recipe.retire_threshold must be in (0, 1]")
+    check(r.priority_smoothing > 0, "recipe.priority_smoothing must be > 0")
+    check(0 < r.curriculum_start <= 1, "recipe.curriculum_start must be in (0, 1]")
+    check(r.data_policy != "zero_variance_filter" or not r.dynamic_sampling,
+          "recipe.data_policy='zero_variance_filter' drops dead groups without resampling; "
+          "recipe.dynamic_sampling resamples them: choose one")
+    check(r.data_policy != "zero_variance_filter" or r.group_size >= 2,
+          "recipe.data_policy='zero_variance_filter' needs recipe.group_size >= 2")
     check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")
     check(r.minibatches <= cfg.samples_per_step,
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
@@ -540,8 +607,31 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(r.kl_horizon >= 1, "recipe.kl_horizon must be >= 1")
     check(r.is_correction == "none" or r.policy_loss != "gmpo",
           "recipe.is_correction weights tokens; recipe.policy_loss='gmpo' is sequence-level (use is_correction='none')")
+    check(1 <= t.code_workers <= 64, "task.code_workers must be in 1..64 (parallel sandbox slots)")
+    check(t.name != "code" or not t.gameable, "task.gameable is not defined for task.name='code'")
+    check(not t.rg_config or t.name == "reasoning_gym", "task.rg_config is only defined for task.name='reasoning_gym'")
+    check(not {"seed", "size"} & set(t.rg_config),
+          "task.rg_config must not set seed or size (they come from task.seed, task.num_train, task.num_heldout)")
+    if t.name == "reasoning_gym" and t.rg_config and t.dataset and not {"seed", "size"} & set(t.rg_config):
+        problems.extend(rg_config_problems(t.dataset, t.rg_config))
+    check(t.name != "mixture" or len(t.mixture) >= 2, "task.name='mixture' needs task.mixture with >= 2 entries")
+    check(not t.mixture or t.name == "mixture", "task.mixture is only defined for task.name='mixture'")
+    check(t.name != "mixture" or r.format_weight == 0,
+          "task.name='mixture': recipe.format_weight must be 0 (each task has its own format)")
+    for i, entry in enumerate(t.mixture):
+        check(entry.weight > 0, f"task.mixture[{i}].weight must be > 0")
+        check(entry.name not in ("mixture", "toy_addition"),
+              f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy)")
+        if entry.name not in ("mixture", "toy_addition"):
+            inner = {f.name: getattr(entry, f.name) for f in dataclasses.fields(TaskConfig)}
+            try:
+                validate(dataclasses.replace(cfg, task=TaskConfig(**inner)))
+            except ConfigError as err:
+                problems.extend(f"task.mixture[{i}]: {line.strip()[2:]}" for line in str(err).splitlines()[1:])
+    check(not t.pass_rate_band or (len(t.pass_rate_band) == 2 and 0 <= t.pass_rate_band[0] <= t.pass_rate_band[1] <= 1),
+          "task.pass_rate_band must be [lo, hi] with 0 <= lo <= hi <= 1 (or empty for no filter)")
     if t.name == "toy_addition":
-        check(r.max_new_tokens == 2, "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
+        check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
         check(r.overlong == "none", "task.name='toy_addition' has fixed-length answers: recipe.overlong must be 'none'")
     problems += resource_problems(cfg)
@@ -623,6 +713,27 @@ def _float_fields(cls: type | None = None, prefix: str = "") -> tuple[str, ...]:
         elif tp is float or float in typing.get_args(tp):
             out.append(f"{prefix}{f.name}")
     return tuple(out)
+
+
+def rg_config_problems(dataset: str, rg_config: dict) -> list[str]:
+    """Check `task.rg_config` against the reasoning-gym dataset's config class (imported only when used)."""
+    from reasoning_gym.factory import DATASETS  # slow import: paid only when task.rg_config is set
+
+    if dataset not in DATASETS:
+        return [f"task.dataset: unknown reasoning-gym dataset {dataset!r}"]
+    config_cls = DATASETS[dataset][1]
+    allowed = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+    unknown = sorted(set(rg_config) - set(allowed))
+    if unknown:
+        return [f"task.rg_config: unknown key(s) {', '.join(unknown)} for dataset {dataset!r}; "
+                f"valid keys: {', '.join(allowed)}"]
+    try:
+        config = config_cls(**rg_config, seed=0, size=1)
+        if hasattr(config, "validate"):
+            config.validate()
+    except Exception as e:  # reasoning-gym validates with asserts and ValueErrors
+        return [f"task.rg_config: rejected by {config_cls.__name__}: {e or type(e).__name__}"]
+    return []
 
 
 def hash_config(data: dict) -> str:

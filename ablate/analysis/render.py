@@ -308,6 +308,9 @@ def html(rep, title: str, meta: dict) -> str:
         p.append(f"<img alt='pass@k vs k' src='data:image/png;base64,{rep.figures['passk']}'>")
     elif not len(rep.passk):
         p.append("<p>No pass@k evaluations logged.</p>")
+    if rep.tasks is not None and len(rep.tasks):
+        p.append("<h3>Per task (task mixture)</h3>")
+        p.append(_table(*_task_rows(rep)))
     sec("diagnostics")
     p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
     p.append("<p class='meta'>Entropy start / at 20% of steps / end; KL max and end; dead-group shares, truncation "
@@ -322,6 +325,12 @@ def html(rep, title: str, meta: dict) -> str:
     p.append(_table(*_run_rows(rep)))
     p.append("</body></html>")
     return "\n".join(p)
+
+
+def _task_rows(rep):
+    """Final held-out pass@k of each task of a mixture, per arm."""
+    return (["task", "arm", "k", "mean [95% CI]", "n"],
+            [[r.task, r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.tasks.itertuples()])
 
 
 def markdown(rep, title: str, meta: dict) -> str:
@@ -343,6 +352,8 @@ def markdown(rep, title: str, meta: dict) -> str:
         p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _table(*_scaling_rows(rep), md=True)]
     if len(rep.passk):
         p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
+    if rep.tasks is not None and len(rep.tasks):
+        p += ["### Per task (task mixture)", "", _table(*_task_rows(rep), md=True)]
     if len(rep.diagnostics):
         p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
     if rep.samples:

@@ -55,6 +55,7 @@ class Report:
     figures: dict = field(default_factory=dict)     # name -> base64 PNG
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
+    tasks: pd.DataFrame | None = None              # task mixtures: final per-task held-out pass@k per arm
 
 
 def default_metric(study: Study) -> str:
@@ -175,6 +176,25 @@ def base_lines(gain: pd.DataFrame, scale: float, unit: str) -> list[str]:
     return out
 
 
+def task_table(study: Study, scores: pd.DataFrame, reps: int, seed: int, method: str = "t") -> pd.DataFrame:
+    """Task mixtures: final held-out `eval/<task>/pass@k` per task and arm (mean over the arm's runs, CI)."""
+    ev = study.evals
+    cols = sorted(c for c in ev.columns if re.fullmatch(r"eval/\w+/pass@\d+", c))
+    if not cols or ev.empty:
+        return pd.DataFrame(columns=["task", "arm", "k", "mean", "lo", "hi", "n"])
+    inc = scores[scores["included"]]
+    last = ev.sort_values("step").groupby("run_id", observed=True).last()
+    rows = []
+    for col in cols:
+        task, k = col.split("/")[1], int(col.split("@")[1])
+        for arm, g in inc.groupby("arm", sort=False):
+            v = last.reindex(g["run_id"])[col].dropna().to_numpy()
+            if len(v):
+                iv = stats.mean_ci(v, method, reps, seed=seed)
+                rows.append({"task": task, "arm": arm, "k": k, "mean": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": iv.n})
+    return pd.DataFrame(rows)
+
+
 def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
     """For each arm: sample completions from its first usable run, at its last logged step."""
     out = {}
@@ -264,6 +284,7 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
                                             mde_target=mde) \
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
+    rep.tasks = task_table(study, rep.scores, reps, seed, ci_method)
     rep.diagnostics = diagnostics.arm_diagnostics(study, metric)
     rep.score_table = score_table(study, metric, reps, seed, ci_method, last_k)
     rep.gain = base_change(study, rep.scores, metric, reps, seed, ci_method)

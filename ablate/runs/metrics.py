@@ -42,6 +42,16 @@ STEP_METRICS: dict[str, str] = {
     "train/loss_entropy": "entropy term of the loss, before the coefficient",
     "train/grad_norm": "global gradient norm before clipping (mean over minibatch updates)",
     "train/lr": "learning rate of the step",
+    # online data policy (`recipe.data_policy`)
+    "data/pool_size": "training prompts still in the pool (all but those retired by `no_positive_resampling`)",
+    "data/retired_frac": "share of training prompts retired so far (pass rate >= `recipe.retire_threshold`)",
+    "data/sampled_pass_rate_mean": "mean strict pass rate of the groups of the prompts sampled this step (all generation rounds, groups dropped from the update included)",
+    # step schedules (`recipe.temperature`, `recipe.max_new_tokens`: a number or a schedule)
+    "train/temperature": "sampling temperature of the step (the value of `recipe.temperature` at this step)",
+    "train/max_new_tokens": "completion length limit of the step (the value of `recipe.max_new_tokens` at this step)",
+    # task mixtures (`task.name: mixture`), one per task label, e.g. train/arithmetic/reward_correct_mean
+    "train/{task}/reward_correct_mean": "mean training-verifier score of this step's groups of one task of a mixture",
+    "train/{task}/dead_group_frac": "share of this step's groups of one task whose G training-verifier scores are all equal",
     "counters/samples": "completions generated so far (x-axis for sample-matched comparisons)",
     "counters/tokens": "completion tokens generated so far (x-axis for compute-matched comparisons)",
     "perf/wall_seconds": "seconds since the run (or its resumed part) started, cumulative across resumes",
@@ -95,6 +105,7 @@ STEP_METRICS.update({
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
     "eval/maj@{k}": "held-out majority vote: share of problems whose most frequent extracted answer among the first k samples is correct (tasks without answer extraction vote on the verifier outcome: all correct samples count as one answer, each distinct wrong text as another)",
+    "eval/{task}/pass@{k}": "unbiased pass@k on the held-out problems of one task of a mixture (task label, e.g. `code`, `reasoning_gym_chain_sum`)",
     "eval/pass@1_exact": "exact pass@1 of the tabular toy policy (product of correct-token probabilities)",
     "eval/greedy_acc": "share of held-out problems solved by the greedy decode",
     "eval/reward_mean": "mean strict-verifier reward of held-out samples",
@@ -109,7 +120,8 @@ def is_defined(name: str) -> bool:
     """True if `name` is in one of the tables (pass@k matches any k)."""
     if name in STEP_METRICS or name in EVAL_METRICS:
         return True
-    return re.fullmatch(r"eval/(pass|maj)@\d+", name) is not None
+    return (re.fullmatch(r"eval/(pass|maj)@\d+", name) is not None or re.fullmatch(r"eval/\w+/pass@\d+", name) is not None
+            or re.fullmatch(r"train/\w+/(reward_correct_mean|dead_group_frac)", name) is not None)
 
 
 def render_markdown() -> str:

@@ -13,7 +13,7 @@ from ablate.config import TaskConfig
 from ablate.tasks.base import Problem, Split, Task
 
 __all__ = ["Problem", "Split", "Task", "chat_prompt", "check_disjoint", "extract_boxed",
-           "extract_tagged", "make_task"]
+           "extract_tagged", "make_task", "score_batch", "task_labels"]
 
 # name -> (module, builder function); each builder takes the TaskConfig and returns a Task
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -21,6 +21,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "reasoning_gym": ("ablate.tasks.reasoning_gym", "build"),
     "jsonl": ("ablate.tasks.jsonl", "build"),
     "toy_addition": ("ablate.tasks.toy", "build_task"),
+    "code": ("ablate.tasks.code", "build"),
+    "mixture": ("ablate.tasks.mixture", "build"),
 }
 
 
@@ -31,6 +33,22 @@ def make_task(cfg: TaskConfig) -> Task:
 
     module, fn = _REGISTRY[cfg.name]
     return with_reward_mode(getattr(importlib.import_module(module), fn)(cfg), cfg.reward_mode)
+
+
+def score_batch(task: Task, problems: list[Problem], completions: list[str], train: bool) -> list[float]:
+    """`train_score` (train=True) or `score` of each (problem, completion) pair; a task with a batched form
+    (`train_score_many` / `score_many`, e.g. the code task's parallel sandboxes) is called once."""
+    name = "train_score" if train else "score"
+    many = getattr(task, f"{name}_many", None)
+    if many is not None:
+        return list(many(problems, completions))
+    return [getattr(task, name)(p, c) for p, c in zip(problems, completions)]
+
+
+def task_labels(task: Task, problems: list[Problem]) -> list[str] | None:
+    """Each problem's task label in a mixture (for per-task metrics), or None for a single task."""
+    label = getattr(task, "label", None)
+    return [label(p) for p in problems] if label is not None else None
 
 
 def check_disjoint(task: Task) -> None:

@@ -29,11 +29,11 @@ class ReasoningGymTask:
         self._entries: dict[str, tuple[Any, dict]] = {}
         self._problems: dict[str, list[Problem]] = {}
 
-        train_ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.num_train, seed=cfg.seed)
+        train_ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.num_train, seed=cfg.seed, **cfg.rg_config)
         self._problems["train"] = [self._add("train", i, train_ds, e) for i, e in enumerate(train_ds)]
 
         heldout_ds = reasoning_gym.create_dataset(cfg.dataset, size=cfg.num_heldout * _OVERSAMPLE,
-                                                  seed=cfg.seed + HELDOUT_SEED_OFFSET)
+                                                  seed=cfg.seed + HELDOUT_SEED_OFFSET, **cfg.rg_config)
         seen = {e["question"] for _, e in self._entries.values()}  # train questions
         heldout = []
         for i, entry in enumerate(heldout_ds):

@@ -182,8 +182,8 @@ def inverse_cdf(logits: Tensor, u: Tensor) -> Tensor:
 class ChapterStream:
     """The chapter's random stream, rng = default_rng(run seed); per call of `take(B)`, in this order:
     x = rng.integers(0, P, B) (prompts with replacement), then rng.random((B*G, 1)) for the first and
-    rng.random((B*G, 1)) for the second token of the next `policy.sample`. The trainer's PromptStream
-    interface: `take` and `position` (here the generator's state, saved in checkpoints)."""
+    rng.random((B*G, 1)) for the second token of the next `policy.sample`. The trainer's PromptSampler
+    interface: `take`, `observe`, `metrics`, `state_dict` (here the generator's state, saved in checkpoints)."""
 
     def __init__(self, policy: ChapterToyPolicy, seed: int, group_size: int):
         self.policy, self.group_size = policy, group_size
@@ -195,12 +195,18 @@ class ChapterStream:
         self.policy.uniforms = (torch.from_numpy(self.rng.random((n, 1))), torch.from_numpy(self.rng.random((n, 1))))
         return x.tolist()
 
-    @property
-    def position(self) -> dict:
-        return self.rng.bit_generator.state
+    drops_dead_groups = False  # the trainer's PromptSampler interface; the chapter samples uniformly
 
-    @position.setter
-    def position(self, state: dict) -> None:
+    def observe(self, indices: list[int], pass_rates: list[float]) -> None:
+        pass  # the chapter's stream does not adapt to pass rates
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return self.rng.bit_generator.state  # saved in checkpoints: a resumed run continues the same stream
+
+    def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state
 
 

@@ -25,10 +25,14 @@ from ablate.rl.advantages import compute_advantages
 from ablate.rl.divergence import Diverged, check_finite, check_parameters, overflow_is_divergence
 from ablate.rl.rewards import format_weight_at, overlong_penalty
 from ablate.rl.sampling import Rollout
+from ablate.rl.schedules import at_step
 from ablate.runs.store import RunStore
-from ablate.tasks import make_task
+from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
+from ablate.tasks.mixture import per_task_eval, per_task_train
 from ablate.train import offpolicy, preemption, recipes
+from ablate.train.data import PromptSampler
+from ablate.train.difficulty import band_filter
 from ablate.train.rollout import LMPolicy, RolloutEngine
 
 # --- set-up -----------------------------------------------------------------------------------------
@@ -107,6 +111,11 @@ class PromptStream:
         self.position += k
         return out
 
+    drops_dead_groups = False  # the uniform stream: nothing to filter, nothing to observe
+
+    def observe(self, indices: list[int], pass_rates: list[float]) -> None:
+        pass
+
 
 # --- rollout and reward ----------------------------------------------------------------------------
 
@@ -129,7 +138,8 @@ class Batch:
 def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfig, group: int, fmt_weight: float):
     """[B, group] tensors: total task reward (verifier + fmt_weight * format + overlong) and its components."""
     texts, f64 = rollout.texts, torch.float64  # float64: a reward offset must cancel exactly in r - baseline
-    correct = torch.tensor([task.train_score(problems[i // group], t) for i, t in enumerate(texts)], dtype=f64)
+    correct = torch.tensor(score_batch(task, [problems[i // group] for i in range(len(texts))], texts, train=True),
+                           dtype=f64)
     fmt = torch.tensor([task.format_score(t) for t in texts], dtype=f64) if r.format_weight \
         else torch.zeros(len(texts), dtype=f64)
     if r.overlong == "soft_penalty":
@@ -157,21 +167,24 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
     all_rewards, all_strict = [], []
     rounds, t_gen, t_reward = 0, 0.0, 0.0
     while rounds < rounds_allowed and sum(len(b.problems) for b in kept) < B:
-        problems = [train[i] for i in stream.take(B)]
+        idx = stream.take(B)  # recipe.data_policy (ablate/rl/data_policy.py)
+        problems = [train[i] for i in idx]
         t0 = time.perf_counter()
         ro = policy.sample([task.prompt_text(p, tokenizer) for p in problems], r.group_size,
                            r.temperature, r.max_new_tokens)
         t1 = time.perf_counter()
         total, correct, fmt, over = task_rewards(task, problems, ro, r, r.group_size, fmt_weight)
-        strict = torch.tensor([[task.score(p, t) for t in ro.texts[i * r.group_size:(i + 1) * r.group_size]]
-                               for i, p in enumerate(problems)])
+        strict = torch.tensor(score_batch(task, [p for p in problems for _ in range(r.group_size)], ro.texts,
+                                          train=False)).view(len(problems), r.group_size)
         t_gen, t_reward = t_gen + t1 - t0, t_reward + time.perf_counter() - t1
         all_rewards.append(total)
         all_strict.append(strict)
+        stream.observe(idx, (strict >= 1).float().mean(1).tolist())
         rounds += 1
         live = torch.arange(len(problems))
-        if r.dynamic_sampling:
-            live = torch.nonzero(total.max(1).values > total.min(1).values).flatten()
+        if r.dynamic_sampling or stream.drops_dead_groups:
+            spread = torch.nonzero(total.max(1).values > total.min(1).values).flatten()
+            live = spread if r.dynamic_sampling or len(spread) else live  # all dead: a no-op update instead
         rows = (live[:, None] * r.group_size + torch.arange(r.group_size)).flatten()
         kept.append(Batch([problems[i] for i in live.tolist()], ro.select(rows), total[live], correct[live],
                           fmt[live], over[live]))
@@ -265,7 +278,8 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
         ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
-        scores = torch.tensor([task.score(probs[i // n], t) for i, t in enumerate(ro.texts)]).view(len(probs), n)
+        scores = torch.tensor(score_batch(task, [p for p in probs for _ in range(n)], ro.texts, train=False)
+                              ).view(len(probs), n)
         counts += (scores >= 1).sum(1).tolist()
         oks += (scores >= 1).tolist()
         answers += [[extract(t) if extract else ("<correct>" if ok else t.strip())
@@ -281,6 +295,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
                        for i in range(min(e.num_samples_logged, len(probs)))]
     row = {f"eval/pass@{k}": stats.mean_pass_at_k(counts, n, k) for k in e.ks}
     row.update({f"eval/maj@{k}": stats.mean_maj_at_k(answers, oks, k) for k in e.ks})
+    row.update(per_task_eval(task_labels(task, heldout), counts, n, e.ks))  # task mixtures only
     row.update({
         "eval/greedy_acc": float(np.mean(greedy)),
         "eval/reward_mean": float(torch.cat(rewards).mean()),
@@ -371,7 +386,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     r = cfg.recipe
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task)
-    train_set, heldout = task.problems("train"), task.problems("heldout")
+    train_set, heldout = band_filter(cfg, task.problems("train")), task.problems("heldout")  # task.pass_rate_band
     policy = build_policy(cfg, task, device)
     tokenizer = getattr(policy, "tokenizer", None)
     # the reference exists only when KL is on
@@ -380,8 +395,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         ref.module.requires_grad_(False)
     optimizer, scheduler = make_optimizer(policy.module, cfg)
     # a policy with its own random stream (the chapter toy) draws its prompts and sampling noise from it
-    stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else \
-        PromptStream(len(train_set), cfg.seed)
+    stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else PromptSampler(len(train_set), cfg)
     kl_state = recipes.KLState(r.kl_coef)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
     pending = offpolicy.Pending()  # sampled batches not yet trained on: the staleness FIFO (k deep)
@@ -396,14 +410,14 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             kl_state = recipes.KLState(**ckpt["kl_state"])
         if "ref" in ckpt:  # a reset reference is no longer the base model
             ref.module.load_state_dict(ckpt["ref"])
-        stream.position, step, counters, wall, since_eval = (ckpt[k] for k in
-                                                             ("stream", "step", "counters", "wall", "since_eval"))
+        step, counters, wall, since_eval = (ckpt[k] for k in ("step", "counters", "wall", "since_eval"))
+        stream.load_state_dict(ckpt["stream"])
         pending = offpolicy.pending_from_state(ckpt.get("pending", []), Batch)
         store.truncate_after(step)
         store.note_resume(step)
     else:
         store.truncate_after(-1)
-        log_eval(store, 0, *evaluate(policy, task, heldout, cfg, tokenizer), None)
+        log_eval(store, 0, *evaluate(policy, task, heldout, at_step(cfg, 0), tokenizer), None)
 
     engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
@@ -415,7 +429,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     def save_checkpoint() -> None:  # the state at the last step boundary
         store.save_checkpoint({
             "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
+            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.state_dict(),
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending),
             "kl_state": kl_state.state_dict(), **({"ref": ref.module.state_dict()} if r.ref_reset_every else {})},
@@ -426,12 +440,17 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             with preemption.step():  # a SLURM warning signal waits for the step to end
                 step += 1
                 t0 = time.perf_counter()
-                # 1. rollout + reward (dynamic sampling inside), `staleness` batches ahead of the update
+                cfg_t = at_step(cfg, step)  # recipe.temperature / max_new_tokens schedules resolved (rl/schedules.py)
+                r = cfg_t.recipe
+                # 1. rollout + reward (dynamic sampling inside), `staleness` batches ahead of the update; a batch
+                # is sampled with the schedule values of the step that will train on it
                 fmt_weight = format_weight_at(r.format_weight, r.format_anneal_steps, step)
                 while len(pending) <= r.staleness and step - 1 + len(pending) < cfg.steps:
-                    fmt_ahead = format_weight_at(r.format_weight, r.format_anneal_steps, step + len(pending))
-                    fresh = collect(engine, task, train_set, stream, cfg, tokenizer, fmt_ahead)
-                    greedy = greedy_rewards(engine, task, fresh.problems, r, tokenizer, fmt_ahead) \
+                    ahead = step + len(pending)
+                    cfg_ahead = at_step(cfg, ahead)
+                    fmt_ahead = format_weight_at(r.format_weight, r.format_anneal_steps, ahead)
+                    fresh = collect(engine, task, train_set, stream, cfg_ahead, tokenizer, fmt_ahead)
+                    greedy = greedy_rewards(engine, task, fresh.problems, cfg_ahead.recipe, tokenizer, fmt_ahead) \
                         if r.baseline == "greedy" else None
                     pending.append((fresh, greedy, step - 1))
                 batch, greedy, version = pending.popleft()  # sampled by the policy after `version` updates
@@ -461,7 +480,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
                     up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
-                                optimizer, cfg, step, kl_state.coef, is_weights)
+                                optimizer, cfg_t, step, kl_state.coef, is_weights)
                     check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
@@ -479,7 +498,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 since_eval.append(float(batch.correct.mean()))
                 adv_row = recipes.per_completion(adv)  # [N] for the logs
                 row = {**step_metrics(batch, rewards, kl_reward, adv_row, mask, up), **off, "train/lr": lr,
-                       "train/format_weight": fmt_weight, **kl_row,
+                       "train/format_weight": fmt_weight, **kl_row, **stream.metrics(),
+                       "train/temperature": r.temperature, "train/max_new_tokens": r.max_new_tokens,
+                       **per_task_train(task_labels(task, batch.problems), batch.correct),
                        "counters/samples": counters["samples"], "counters/tokens": counters["tokens"],
                        "perf/wall_seconds": time.perf_counter() - start, "perf/step_seconds": t3 - t0,
                        "perf/generate_seconds": t1 - t0 - batch.reward_seconds,
@@ -489,7 +510,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                        "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9)}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
-                    ev, samples = evaluate(policy, task, heldout, cfg, tokenizer)
+                    ev, samples = evaluate(policy, task, heldout, cfg_t, tokenizer)
                     samples += train_samples(task, batch, rewards, adv_row, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)))
                     since_eval = []
