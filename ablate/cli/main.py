@@ -52,7 +52,7 @@ def train(
     try:
         state = run_train(cfg, str(out), progress=not quiet)
     except (RunFolderError, ConfigError) as err:  # refused before anything was written
-        typer.secho(f"error: {err}", fg="red", err=True)
+        typer.secho(f"error: {f'{config}: ' if isinstance(err, ConfigError) else ''}{err}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"{state}: {out}")
     raise typer.Exit(0 if state == "completed" else 1)
