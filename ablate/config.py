@@ -295,18 +295,31 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # --- YAML -----------------------------------------------------------------------------------------
 
-MAX_ALIASES = 100  # a config needs a handful; a "billion laughs" file needs thousands
+MAX_NODES = 100_000  # expanded size: a config has a few hundred; a "billion laughs" file has billions
 
 
 class StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses duplicate keys (YAML would keep the last silently) and caps alias expansion."""
+    """safe_load that refuses duplicate keys (YAML would keep the last silently) and documents whose aliases
+    expand to more than MAX_NODES values (an alias bomb would exhaust memory when the config is copied)."""
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            self.aliases = getattr(self, "aliases", 0) + 1
-            if self.aliases > MAX_ALIASES:
-                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name): refusing to expand")
-        return super().compose_node(parent, index)
+    def get_single_node(self):
+        node = super().get_single_node()
+        sizes: dict[int, int] = {}
+
+        def size(n) -> int:
+            if id(n) not in sizes:
+                sizes[id(n)] = 1  # cycles count once
+                kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
+                    n.value if isinstance(n, yaml.SequenceNode) else []
+                sizes[id(n)] = 1 + sum(size(c) for c in kids)
+                if sizes[id(n)] > MAX_NODES:
+                    raise yaml.YAMLError(f"aliases (*name) expand to more than {MAX_NODES:,} values: refusing "
+                                         f"to expand")
+            return sizes[id(n)]
+
+        if node is not None:
+            size(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -653,7 +666,6 @@ def resource_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=256)
 def _model_problem(path: str) -> list[str]:
     p = Path(path).expanduser()
     if p.is_dir():
@@ -665,15 +677,19 @@ def _model_problem(path: str) -> list[str]:
     if not hub_id:
         return [f"model.path: no such folder: {path}"]
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
+        if not _in_hub_cache(path):
             return [f"model.path: no such folder {path!r}, and no hub model of that id in the local cache "
                     f"(HF_HUB_OFFLINE=1: download it first, or build the local one with `ablate base-model`)"]
     return []
 
 
 @functools.lru_cache(maxsize=256)
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
 def _file_problem(key: str, path: str) -> list[str]:
     p = Path(path)
     if not p.is_file():

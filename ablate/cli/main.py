@@ -68,7 +68,7 @@ def train(
     try:
         state = run_train(cfg, str(out), progress=not quiet)
     except (RunFolderError, ConfigError) as err:  # refused before anything was written
-        fail(f"{err}")
+        fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
     typer.echo(f"{state}: {out}")
     raise typer.Exit(0 if state == "completed" else 1)
 
@@ -119,8 +119,7 @@ def difficulty(
     try:
         cfg = load(config, set_)
     except ConfigError as err:
-        typer.secho(f"error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(f"{err}")
     if n is not None and n < 1 or temperature is not None and temperature <= 0:
         typer.secho("error: --n must be >= 1 and --temperature > 0", fg="red", err=True)
         raise typer.Exit(2)

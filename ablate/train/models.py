@@ -224,8 +224,11 @@ def base_model_cli(out: str, seed: int = 0) -> None:
     """`ablate base-model --out models/tiny-arith`: build (or reuse) and print what was measured."""
     from rich.console import Console
     console = Console()
+    reused = _cached(Path(out), BuildSettings(seed=seed))
     record = build_base_model(out, seed=seed)
     h = record["heldout"]
-    console.print(f"base model in {out}: {record['params']:,} params, built in {record['train_seconds']} s; "
+    how = f"reused the cached build (built earlier in {record['train_seconds']} s)" if reused else \
+        f"built in {record['train_seconds']} s"
+    console.print(f"base model in {out}: {record['params']:,} params, {how}; "
                   f"held-out pass@1 {h['pass1']:.3f} (T=1, n={h['n']}), greedy {h['greedy_acc']:.3f}, "
                   f"0/{h['n']} {h['share_none']:.2f}, {h['n']}/{h['n']} {h['share_all']:.2f}")
