@@ -65,7 +65,7 @@ def test_cli_help_conventions():
 
     runner = CliRunner()
     commands = [["train"], ["base-model"], ["report"], ["sweep", "plan"], ["sweep", "run"], ["sweep", "status"],
-                ["sweep", "cancel"], ["tune"], ["tune", "run"], ["tune", "status"], ["tune", "confirm"], ["sweep", "extend"], []]
+                ["sweep", "cancel"], ["tune"], ["tune", "run"], ["tune", "status"], ["tune", "confirm"], ["sweep", "extend"], ["difficulty"], ["export"], []]
     for cmd in commands:
         res = runner.invoke(app, [*cmd, "--help"], prog_name="ablate", env={"COLUMNS": "100"})
         assert res.exit_code == 0, (cmd, res.output)

@@ -104,13 +104,14 @@ def base_model(
     base_model_cli(str(out), seed)
 
 
-@app.command()
+@app.command(cls=Command)
 def difficulty(
-    config: Path = typer.Argument(..., help="YAML run config"),
-    set_: list[str] = typer.Option([], "--set", help="override a dotted key"),
-    n: int | None = typer.Option(None, "--n", help="samples per prompt (default eval.n_samples)"),
-    temperature: float | None = typer.Option(None, "--temperature", help="default: recipe.temperature (step 1)"),
-    quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+    config: ConfigArg,
+    set_: Annotated[list[str], typer.Option("--set", metavar="KEY=VALUE", help="override a dotted key")] = [],  # noqa: B006
+    n: Annotated[int | None, typer.Option("--n", metavar="N", help="samples per prompt (default eval.n_samples)")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", metavar="T",
+                                                      help="default: recipe.temperature (step 1)")] = None,
+    quiet: Quiet = False,
 ):
     """Per-prompt pass rates of the base model on the training prompts (cached); the histogram before and
     after `task.pass_rate_band`."""
@@ -121,8 +122,7 @@ def difficulty(
     except ConfigError as err:
         fail(f"{err}")
     if n is not None and n < 1 or temperature is not None and temperature <= 0:
-        typer.secho("error: --n must be >= 1 and --temperature > 0", fg="red", err=True)
-        raise typer.Exit(2)
+        fail("--n must be >= 1 and --temperature > 0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ablate.train.difficulty import band_defaults, estimate, histogram
 
