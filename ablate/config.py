@@ -130,6 +130,20 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class ComputeConfig:
+    """How a step is executed: settings that must not change results (beyond float rounding), so, like
+    `tracking`, they are not part of the run id. docs/scale.md says which knob to turn when."""
+
+    # rows are packed in order into micro-batches of at most this many prompt+completion tokens
+    # (padded width x rows), gradients accumulate over them; 0 = the whole minibatch in one pass
+    micro_batch_tokens: int = 0
+    gradient_checkpointing: bool = False  # recompute decoder activations in backward (HF)
+    deterministic: bool = False  # deterministic kernels + fixed threads: bitwise-identical reruns, slower
+    fp32_logits: bool = True  # under bf16 autocast (CUDA) the lm-head and log-softmax run in fp32
+    threads: int = 0  # torch intra-op threads; 0 = torch's default (1 when deterministic)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     preset: str | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -143,6 +157,7 @@ class RunConfig:
     device: Device = "auto"
     checkpoint_every: int = 50  # steps; 0 = only at the end
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
 
     @property
     def samples_per_step(self) -> int:
@@ -323,6 +338,8 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
     check(cfg.steps >= 1, "steps must be >= 1")
     check(cfg.checkpoint_every >= 0, "checkpoint_every must be >= 0")
+    check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
+    check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
@@ -350,12 +367,16 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
 
 
+UNHASHED = ("tracking", "compute")  # sections that change no computed number (beyond float rounding)
+
+
 def hash_config(data: dict) -> str:
-    """The run id of a resolved config given as plain data (`to_dict`); tracking is not hashed."""
-    blob = json.dumps({k: v for k, v in data.items() if k != "tracking"}, sort_keys=True, separators=(",", ":"))
+    """The run id of a resolved config given as plain data (`to_dict`); tracking and compute (execution
+    settings that change no result) are not hashed."""
+    blob = json.dumps({k: v for k, v in data.items() if k not in UNHASHED}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def run_id(cfg: RunConfig) -> str:
-    """Content hash of the fully resolved config (seed included, tracking excluded): same config, same id."""
+    """Content hash of the fully resolved config (seed included, tracking and compute excluded)."""
     return hash_config(to_dict(cfg))

@@ -27,7 +27,7 @@ from ablate.rl.sampling import Rollout
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
-from ablate.train import preemption
+from ablate.train import execution, preemption
 from ablate.train.rollout import LMPolicy
 
 
@@ -52,7 +52,8 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
 
     use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
     model = load_model(cfg.model.path, device, torch.float32)  # fp32 master weights; bf16 via autocast
-    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None)
+    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None,
+                    cfg.compute.fp32_logits)
 
 
 class NormalizedSGD(torch.optim.Optimizer):
@@ -175,62 +176,73 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
 
 
 @torch.no_grad()
-def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int = 256) -> torch.Tensor:
-    """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad."""
-    out = []
-    for idx in torch.arange(len(rollout)).split(chunk):
-        sub = rollout.select(idx)
-        out.append(losses.token_logprobs(policy.logits(sub) / temperature, sub.completion_ids))
-    return torch.cat(out)
+def sequence_logprobs(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256) -> torch.Tensor:
+    """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad, in micro-batches of
+    at most `budget` tokens (0: `chunk` rows at a time); 0 after each completion's end."""
+    N, T = rollout.completion_ids.shape
+    out = None
+    for idx, sub in execution.micro_batches(rollout, torch.arange(N), budget, max_rows=chunk):
+        logp, _ = execution.token_scores(policy, sub, temperature)  # [n, t], t <= T
+        out = logp.new_zeros(N, T) if out is None else out
+        out[idx.to(out.device), :logp.shape[1]] = logp
+    return out
 
 
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
            optimizer, cfg: RunConfig) -> dict[str, float]:
-    """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style)."""
+    """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style), each
+    accumulated over micro-batches of at most `compute.micro_batch_tokens` tokens. Every aggregation's
+    normaliser belongs to the whole minibatch, so the accumulated gradient is the one-pass gradient."""
     r = cfg.recipe
     agg = losses.AGGREGATIONS[r.loss_agg]
+    entropy_mode = "grad" if r.entropy_coef else "value"
     N = len(batch.rollout)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     logs: dict[str, list[float]] = {}
     for epoch in range(r.update_epochs):
         for idx in torch.randperm(N).split(math.ceil(N / r.minibatches)):
-            sub = batch.rollout.select(idx)
-            mask = loss_mask[idx]
-            logits = policy.logits(sub) / r.temperature                         # [n, T, V]
-            logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
-            old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
-            loss_policy, clip = losses.policy_loss(
-                logp, old, adv[idx], mask, eps_low=r.eps_low, eps_high=r.eps_high, dual_clip=r.dual_clip,
-                ratio_level=r.ratio_level, agg=r.loss_agg, max_len=r.max_new_tokens)
-            loss = loss_policy
-            kl = torch.zeros(())
-            if ref_logp is not None:
-                kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[idx]), mask, r.max_new_tokens)
-                if r.kl_placement == "loss":
-                    loss = loss + r.kl_coef * kl
-            if r.entropy_coef:
-                entropy = agg(losses.entropy_from_logits(logits), mask, r.max_new_tokens)
-                loss = loss - r.entropy_coef * entropy
-            else:
-                with torch.no_grad():
-                    entropy = agg(losses.entropy_from_logits(logits), mask, r.max_new_tokens)
-            if not torch.isfinite(loss):
-                raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            whole_mask = loss_mask[idx]
+            parts = []
+            for mb, sub in execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens):
+                logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
+                t = logp.shape[1]
+                mask = loss_mask[mb, :t]
+                old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
+                loss_policy, clip = losses.policy_loss(
+                    logp, old, adv[mb], mask, eps_low=r.eps_low, eps_high=r.eps_high, dual_clip=r.dual_clip,
+                    ratio_level=r.ratio_level, agg=r.loss_agg, max_len=r.max_new_tokens)
+                loss = loss_policy
+                kl = torch.zeros(())
+                if ref_logp is not None:
+                    kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[mb, :t]), mask, r.max_new_tokens)
+                    if r.kl_placement == "loss":
+                        loss = loss + r.kl_coef * kl
+                entropy = agg(ent_tok, mask, r.max_new_tokens)
+                if r.entropy_coef:
+                    loss = loss - r.entropy_coef * entropy
+                if not torch.isfinite(loss):
+                    raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
+                w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
+                (loss * w).backward()
+                w_tok = mask.bool().sum() / whole_mask.bool().sum().clamp(min=1)
+                parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
+                                         "loss_entropy": entropy, **clip}))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             optimizer.step()
-            row = {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": entropy,
-                   "grad_norm": grad_norm, **clip}
+            row = {**execution.combine_stats(parts, SUMMED), "grad_norm": grad_norm}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
-                row["entropy"], row["kl"] = entropy, kl
+                row["entropy"], row["kl"] = row["loss_entropy"], row["loss_kl"]
             for k, v in row.items():
                 logs.setdefault(k, []).append(float(torch.as_tensor(v).detach()))
     out = {k: float(np.mean(v)) for k, v in logs.items()}
     out["ratio_max"] = float(np.max(logs["ratio_max"]))
     return out
+
+
+SUMMED = ("loss", "loss_policy", "loss_kl", "loss_entropy")  # aggregated terms: micro-batches add up
 
 
 # --- evaluation ------------------------------------------------------------------------------------
@@ -338,6 +350,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
 
 def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> str:
     r = cfg.recipe
+    execution.apply(cfg.compute)
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task)
     train_set, heldout = task.problems("train"), task.problems("heldout")
@@ -389,8 +402,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     if r.baseline == "greedy" else None
                 t1 = time.perf_counter()
                 # 2. behaviour and reference log-probs (only when used)
-                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature) if needs_old_logp else None
-                ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
+                budget = cfg.compute.micro_batch_tokens
+                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature, budget) if needs_old_logp else None
+                ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature, budget) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
                 kl_reward = torch.zeros_like(rewards)
