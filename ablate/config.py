@@ -57,9 +57,22 @@ class TaskConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (Hu et al. 2021, LoRA, arXiv:2106.09685) through peft; the base weights stay frozen."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str = "models/tiny-arith"  # local folder or hub id, loaded with AutoModelForCausalLM
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # float32: fp32 master weights (bf16 autocast per `dtype`); bfloat16: weights and optimizer state in bf16
+    master_weights: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig | None = None  # null = full fine-tuning; the KL reference is the model with adapters off
 
 
 @dataclass(frozen=True)
@@ -338,6 +351,11 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
     check(cfg.steps >= 1, "steps must be >= 1")
     check(cfg.checkpoint_every >= 0, "checkpoint_every must be >= 0")
+    if cfg.model.lora is not None:
+        lo = cfg.model.lora
+        check(lo.r >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and len(lo.target_modules) >= 1,
+              "model.lora needs r >= 1, alpha > 0, dropout in [0, 1) and at least one target module")
+        check(t.name != "toy_addition", "model.lora needs a transformer model (not task.name='toy_addition')")
     check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
     check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
     check(o.lr > 0, "optim.lr must be > 0")

@@ -96,6 +96,38 @@ def combine_stats(parts: list[tuple[Tensor, Tensor, dict[str, Tensor]]], summed:
     return out
 
 
+# --- memory: activation recompute, the reference policy ------------------------------------------------
+
+def enable_gradient_checkpointing(model) -> None:
+    """HF gradient checkpointing of every decoder layer (recompute its activations in backward). HF only
+    checkpoints layers in training mode; the trainer keeps the model in eval mode (no dropout), so only
+    the layers' own flag is set, not their children's."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False):
+            m.training = True
+
+
+def reference_policy(policy):
+    """The frozen reference for the KL term, as cheaply as possible: with LoRA adapters the same model
+    with its adapters disabled (no copy); under bf16 autocast a bf16 copy (half of an fp32 copy; autocast
+    runs its matmuls in bf16 anyway); otherwise an fp32 copy (exact, as on CPU)."""
+    import copy
+
+    if getattr(policy, "lora", False):
+        from ablate.train.rollout import AdaptersOff
+
+        return AdaptersOff(policy)
+    ref = copy.deepcopy(policy)
+    if getattr(policy, "autocast_dtype", None) is not None:
+        ref.module.to(policy.autocast_dtype)
+    ref.module.requires_grad_(False)
+    return ref
+
+
 # --- deterministic mode --------------------------------------------------------------------------------
 
 def apply(compute: ComputeConfig) -> None:

@@ -34,8 +34,10 @@ class LMPolicy:
         self.checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         self.pad_id = tokenizer.pad_token_id
         self.eos_id = tokenizer.eos_token_id
+        self.lora = hasattr(model, "peft_config")  # peft LoRA: the reference is this model, adapters off
+        self.base = model.get_base_model() if self.lora else model  # the HF model (adapters inside)
         # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.base.forward).parameters else "past_key_values"
 
     def _autocast(self):
         enabled = self.autocast_dtype is not None
@@ -61,7 +63,7 @@ class LMPolicy:
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         tokens = []
         with self._autocast():
-            out = self.module(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
+            out = self.base(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                               logits_to_keep=1)
             out[self.cache_arg].batch_repeat_interleave(n)
             logits = out.logits[:, -1].repeat_interleave(n, 0)
@@ -75,7 +77,7 @@ class LMPolicy:
                 if done.all() or t == max_new_tokens - 1:
                     break
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                out = self.module(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
+                out = self.base(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
                                   use_cache=True, **{self.cache_arg: out[self.cache_arg]})
                 logits = out.logits[:, -1]
                 next_pos = next_pos + 1
@@ -94,7 +96,7 @@ class LMPolicy:
     def head(self, hidden: Tensor) -> Tensor:
         """The lm-head on final hidden states [..., H] -> logits [..., V], float32 or wider. Under bf16 autocast with
         `fp32_logits` the matmul itself runs in fp32 (ScaleRL, Khatri et al. 2025, arXiv:2510.13786)."""
-        lm_head = self.module.get_output_embeddings()
+        lm_head = self.base.get_output_embeddings()
         if self.autocast_dtype is not None and self.fp32_logits:
             with torch.autocast(self.device.type, enabled=False):
                 bias = None if lm_head.bias is None else lm_head.bias.float()
@@ -112,7 +114,7 @@ class LMPolicy:
         one forward over prompt+completion: under causal attention a prompt never sees its completions.
         With gradient checkpointing (which cannot keep a KV cache) it is that one plain forward.
         """
-        decoder = self.module.get_decoder()
+        decoder = self.base.get_decoder()
         P = rollout.prompt_ids.shape[1]
         mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -124,7 +126,7 @@ class LMPolicy:
         uniq, inv = torch.unique(rollout.prompt_ids, dim=0, return_inverse=True)
         first = torch.empty(len(uniq), dtype=torch.long, device=inv.device).scatter_(
             0, inv, torch.arange(len(inv), device=inv.device))  # one row holding each distinct prompt
-        cache = DynamicCache(config=self.module.config)
+        cache = DynamicCache(config=self.base.config)
         with self._autocast():
             head = decoder(input_ids=uniq, attention_mask=rollout.prompt_mask[first],
                            position_ids=positions[first, :P], use_cache=True, **{self.cache_arg: cache})
@@ -135,3 +137,22 @@ class LMPolicy:
             tail = decoder(input_ids=rollout.completion_ids[:, :-1], attention_mask=mask[:, :-1],
                            position_ids=positions[:, P:-1], use_cache=True, **{self.cache_arg: cache})
         return torch.cat([last, tail.last_hidden_state], dim=1)
+
+
+class AdaptersOff:
+    """The LoRA policy's base model as a frozen policy (the KL reference): the same module, adapters
+    disabled while it scores; no second copy of the weights."""
+
+    def __init__(self, policy: LMPolicy):
+        self.policy = policy
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def features(self, rollout: Rollout) -> Tensor:
+        with self.policy.module.disable_adapter():
+            return self.policy.features(rollout)
+
+    def head(self, hidden: Tensor) -> Tensor:
+        with self.policy.module.disable_adapter():
+            return self.policy.head(hidden)

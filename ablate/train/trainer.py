@@ -8,7 +8,6 @@ Each recipe toggle is read in exactly one place; the math lives in `advantages`,
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import traceback
@@ -28,6 +27,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task
 from ablate.tasks.base import Problem
 from ablate.train import execution, preemption
+from ablate.train.models import load_weights, trained_weights
 from ablate.train.rollout import LMPolicy
 
 
@@ -50,8 +50,16 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
         return ToyPolicy(task)
     from ablate.train.models import load_model, load_tokenizer
 
-    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
-    model = load_model(cfg.model.path, device, torch.float32)  # fp32 master weights; bf16 via autocast
+    bf16_weights = cfg.model.master_weights == "bfloat16"
+    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16") and not bf16_weights
+    # fp32 master weights with bf16 autocast on CUDA, or bf16 weights (and optimizer state) throughout
+    model = load_model(cfg.model.path, device, torch.bfloat16 if bf16_weights else torch.float32)
+    if cfg.model.lora is not None:
+        from ablate.train.models import add_lora
+
+        model = add_lora(model, cfg.model.lora)
+    if cfg.compute.gradient_checkpointing:
+        execution.enable_gradient_checkpointing(model)
     return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None,
                     cfg.compute.fp32_logits)
 
@@ -357,16 +365,14 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     policy = build_policy(cfg, task, device)
     tokenizer = getattr(policy, "tokenizer", None)
     # the reference exists only when KL is on
-    ref = copy.deepcopy(policy) if r.kl_coef > 0 else None
-    if ref is not None:
-        ref.module.requires_grad_(False)
+    ref = execution.reference_policy(policy) if r.kl_coef > 0 else None
     optimizer, scheduler = make_optimizer(policy.module, cfg)
     stream = PromptStream(len(train_set), cfg.seed)
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
 
     ckpt = store.load_checkpoint()
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
-        policy.module.load_state_dict(ckpt["model"])
+        load_weights(policy.module, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["rng"])
@@ -385,7 +391,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
 
     def save_checkpoint() -> None:  # the state at the last step boundary
         store.save_checkpoint({
-            "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
+            "model": trained_weights(policy.module), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.position,
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg)})
