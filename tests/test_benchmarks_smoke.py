@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALLEST = {
     "ci_coverage.py": ["--sims", "20", "--seeds", "3"],
     "gpu_check.py": ["--tiny", "--device", "cpu"],  # the CPU path of benchmarks/gpu_check.sh
-    "load_report.py": ["--runs", "3", "--steps", "5", "--dir", "{tmp}/load"],
+    "load_report.py": ["--runs", "8", "--steps", "5", "--dir", "{tmp}/load"],
     "quickstart_lift.py": ["--seeds", "0", "--set", "steps=1", "--set", "prompts_per_step=2",
                            "--set", "eval.every=0", "--set", "task.num_heldout=4", "--out", "{tmp}/lift"],
     "real_shape.py": ["--tiny"],
