@@ -88,9 +88,22 @@ class MixtureEntry(TaskConfig):
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (Hu et al. 2021, LoRA, arXiv:2106.09685) through peft; the base weights stay frozen."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str = "models/tiny-arith"  # local folder or hub id, loaded with AutoModelForCausalLM
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # float32: fp32 master weights (bf16 autocast per `dtype`); bfloat16: weights and optimizer state in bf16
+    master_weights: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig | None = None  # null = full fine-tuning; the KL reference is the model with adapters off
 
 
 @dataclass(frozen=True)
@@ -230,6 +243,20 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class ComputeConfig:
+    """How a step is executed: settings that must not change results (beyond float rounding), so, like
+    `tracking`, they are not part of the run id. docs/scale.md says which knob to turn when."""
+
+    # rows are packed in order into micro-batches of at most this many prompt+completion tokens
+    # (padded width x rows), gradients accumulate over them; 0 = the whole minibatch in one pass
+    micro_batch_tokens: int = 0
+    gradient_checkpointing: bool = False  # recompute decoder activations in backward (HF)
+    deterministic: bool = False  # deterministic kernels + fixed threads: bitwise-identical reruns, slower
+    fp32_logits: bool = True  # under bf16 autocast (CUDA) the lm-head and log-softmax run in fp32
+    threads: int = 0  # torch intra-op threads; 0 = torch's default (1 when deterministic)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     preset: str | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -243,6 +270,7 @@ class RunConfig:
     device: Device = "auto"
     checkpoint_every: int = 50  # steps; 0 = only at the end
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
 
     @property
     def samples_per_step(self) -> int:
@@ -559,6 +587,13 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(cfg.seed >= 0 and t.seed >= 0, "seed and task.seed must be >= 0")
     check(cfg.steps >= 1, "steps must be >= 1")
     check(cfg.checkpoint_every >= 0, "checkpoint_every must be >= 0")
+    if cfg.model.lora is not None:
+        lo = cfg.model.lora
+        check(lo.r >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and len(lo.target_modules) >= 1,
+              "model.lora needs r >= 1, alpha > 0, dropout in [0, 1) and at least one target module")
+        check(t.name != "toy_addition", "model.lora needs a transformer model (not task.name='toy_addition')")
+    check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
+    check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
@@ -651,6 +686,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
+
+
+UNHASHED = ("tracking", "compute")  # sections that change no computed number (beyond float rounding)
 
 
 def resource_problems(cfg: RunConfig) -> list[str]:
@@ -753,11 +791,12 @@ def rg_config_problems(dataset: str, rg_config: dict) -> list[str]:
 
 
 def hash_config(data: dict) -> str:
-    """The run id of a resolved config given as plain data (`to_dict`); tracking is not hashed."""
-    blob = json.dumps({k: v for k, v in data.items() if k != "tracking"}, sort_keys=True, separators=(",", ":"))
+    """The run id of a resolved config given as plain data (`to_dict`); tracking and compute (execution
+    settings that change no result) are not hashed."""
+    blob = json.dumps({k: v for k, v in data.items() if k not in UNHASHED}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def run_id(cfg: RunConfig) -> str:
-    """Content hash of the fully resolved config (seed included, tracking excluded): same config, same id."""
+    """Content hash of the fully resolved config (seed included, tracking and compute excluded)."""
     return hash_config(to_dict(cfg))

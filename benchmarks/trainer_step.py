@@ -72,7 +72,7 @@ class Ours:
     def step(self) -> dict[str, float]:
         r, cfg = self.cfg.recipe, self.cfg
         t0 = time.perf_counter()
-        batch = collect(self.policy, self.task, self.train, self.stream, cfg, self.policy.tokenizer)
+        batch = collect(self.policy, self.task, self.train, self.stream, cfg, self.policy.tokenizer, 0.0)
         t1 = time.perf_counter()
         old = sequence_logprobs(self.policy, batch.rollout, r.temperature) if self.needs_old else None
         t2 = time.perf_counter()

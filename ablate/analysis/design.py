@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 IGNORED = ("run_id", "run_dir", "state", "error", "last_step", "planned_steps", "seed", "device")
-IGNORED_PREFIXES = ("tracking.",)
+IGNORED_PREFIXES = ("tracking.", "compute.")  # neither changes a result
 ARM_KEY = "__arm__"
 
 

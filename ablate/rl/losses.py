@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ablate.rl.stats import masked_mean
 
@@ -49,6 +51,53 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     logp = torch.log_softmax(logits, dim=-1).clamp(min=torch.finfo(logits.dtype).min)
     return -(logp.exp() * logp).sum(-1)
+
+
+# --- the same from hidden states, one chunk of full-vocabulary logits at a time ------------------
+
+CHUNK_ELEMENTS = 2**25  # full-vocabulary values per chunk: 128 MiB in fp32 (221 positions at V=151,936)
+
+
+def chunked_token_logprobs(
+    hidden: Tensor,  # [M,H] final hidden states at the scored positions
+    head: Callable[[Tensor], Tensor],  # [m,H] -> logits [m,V] (the lm-head)
+    tokens: Tensor,  # [M] token ids
+    temperature: float,
+    entropy: Literal["none", "value", "grad"] = "none",
+    chunk: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """`token_logprobs(head(hidden) / temperature, tokens)` -> [M], and `entropy_from_logits` of the same
+    logits -> [M] ("value": no autograd; "grad": differentiable; "none": not computed), holding at most
+    `chunk` rows of [., V] logits at a time (default CHUNK_ELEMENTS // V rows).
+
+    Under autograd each chunk is checkpointed: only its hidden states are saved, and the backward pass
+    recomputes its logits, so no [M, V] tensor ever exists. Row for row the same arithmetic as the
+    unchunked functions: the same numbers, up to the last bit of a matmul blocked differently.
+    """
+    def score(h: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
+        logits = head(h) / temperature  # [m,V]
+        logp = token_logprobs(logits, tok)  # [m]
+        if entropy == "grad":
+            return logp, entropy_from_logits(logits)
+        with torch.no_grad():
+            ent = entropy_from_logits(logits) if entropy == "value" else logp.new_zeros(())
+        return logp, ent
+
+    if hidden.shape[0] == 0:  # no position to score
+        empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+        return empty, (empty if entropy != "none" else None)
+    if chunk is None:
+        with torch.no_grad():
+            chunk = max(1, CHUNK_ELEMENTS // head(hidden[:1]).shape[-1])  # the head tells V
+    logps, ents = [], []
+    for h, tok in zip(hidden.split(chunk), tokens.split(chunk)):
+        if torch.is_grad_enabled() and h.requires_grad:
+            logp, ent = checkpoint(score, h, tok, use_reentrant=False)
+        else:
+            logp, ent = score(h, tok)
+        logps.append(logp)
+        ents.append(ent)
+    return torch.cat(logps), (torch.cat(ents) if entropy != "none" else None)
 
 
 # --- KL estimators (Schulman 2020, "Approximating KL divergence"), d = ref_logp - logp -------------
@@ -104,6 +153,36 @@ AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {
     "token_mean": _token_mean,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
 }
+
+
+# --- aggregation normalisers: fn(mask[N,T], max_len) -> the divisor of the aggregation above --------
+# agg(values, mask) = (a sum over rows) / normaliser(mask). Split the rows into micro-batches and
+# sum_k agg(part_k) * normaliser(part_k) / normaliser(all) = agg(all): gradient accumulation that
+# equals the one-pass gradient (dividing each micro-batch by its own count would reweight rows).
+
+def _n_tokens(mask: Tensor, max_len: int) -> Tensor:
+    return mask.bool().sum().clamp(min=1)
+
+
+def _n_nonempty_rows(mask: Tensor, max_len: int) -> Tensor:
+    return (mask.bool().sum(1) > 0).sum().clamp(min=1)
+
+
+def _n_rows(mask: Tensor, max_len: int) -> Tensor:
+    return torch.tensor(mask.shape[0], device=mask.device)
+
+
+AGG_NORMALISERS: dict[str, Callable[[Tensor, int], Tensor]] = {
+    "seq_mean_token_mean": _n_nonempty_rows,
+    "token_mean": _n_tokens,
+    "seq_mean_token_sum_norm": _n_rows,
+}
+
+
+def micro_weight(agg: str, micro_mask: Tensor, whole_mask: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
+    """Scale of a micro-batch's aggregated loss so that the micro-batches sum to the whole minibatch's."""
+    norm = _lookup(AGG_NORMALISERS, agg, "loss aggregation")
+    return norm(micro_mask, max_len).to(dtype) / norm(whole_mask, max_len).to(dtype)
 
 
 # --- importance ratio: fn(log_ratio[N,T] (0 where masked), mask[N,T]) -> ratio[N,T] ---------------

@@ -122,6 +122,13 @@ class ToyPolicy(nn.Module):
         tens = rollout.completion_ids[:, 0]
         return torch.stack([self.first[rows], self.second[rows, tens]], dim=1)  # [N, 2, 10]
 
+    def features(self, rollout: Rollout) -> Tensor:  # a table needs no lm-head: its "hidden states" are logits
+        return self.logits(rollout)
+
+    @staticmethod
+    def head(hidden: Tensor) -> Tensor:
+        return hidden
+
     @torch.no_grad()
     def pass1_per_prompt(self, problems: list[Problem]) -> list[float]:
         """p(tens*) * p(ones* | tens*) of each prompt, at temperature 1."""

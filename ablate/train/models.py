@@ -56,6 +56,46 @@ def load_model(path: str, device: str | torch.device = "cpu", dtype: torch.dtype
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 
 
+# --- LoRA and checkpoint weights --------------------------------------------------------------------
+
+def add_lora(model, lora):
+    """Wrap `model` with peft LoRA adapters (`lora`: config.LoraConfig); only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+
+
+def is_lora(module) -> bool:
+    return hasattr(module, "peft_config")
+
+
+def trained_weights(module) -> dict:
+    """What a checkpoint must hold: the adapters under LoRA (the base is the model on disk), else all."""
+    if is_lora(module):
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(module)
+    return module.state_dict()
+
+
+def load_weights(module, state: dict) -> None:
+    if is_lora(module):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(module, state)
+    else:
+        module.load_state_dict(state)
+
+
+def merged_model(module):
+    """A plain HF model with the LoRA adapters merged into the base weights (for export); a copy, the
+    trained module is left as it is. Without adapters: the module itself."""
+    import copy
+
+    return copy.deepcopy(module).merge_and_unload() if is_lora(module) else module
+
+
 # --- base model build ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Rollouts: sample completions from a policy and score them again under a (possibly newer) policy.
 
-A policy is anything with `sample(...) -> Rollout`, `logits(rollout) -> [N, T, V]`, and `module` (the
-torch module that is trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.tasks.toy.ToyPolicy` is
+A policy is anything with `sample(...) -> Rollout`, `features(rollout) -> [N, T, H]` (final hidden states
+at the completion positions), `head(h) -> [..., V]` (logits), and `module` (the torch module that is
+trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.tasks.toy.ToyPolicy` is
 the tabular testbed. Completions of one prompt are contiguous: row i belongs to prompt i // G.
 
 The sampling half is a `RolloutEngine`: it samples with behaviour log-probs and receives the trainer's
@@ -44,15 +45,20 @@ class LMPolicy:
     processors and stopping checks of `generate()` cost more than the model's forward itself.
     """
 
-    def __init__(self, model, tokenizer, device: torch.device, autocast_dtype=None):
+    def __init__(self, model, tokenizer, device: torch.device, autocast_dtype=None, fp32_logits: bool = True):
         self.module = model
         self.tokenizer = tokenizer
         self.device = device
         self.autocast_dtype = autocast_dtype
+        self.fp32_logits = fp32_logits
+        # HF gradient checkpointing drops the KV cache under grad: `features` then runs one plain forward
+        self.checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         self.pad_id = tokenizer.pad_token_id
         self.eos_id = tokenizer.eos_token_id
+        self.lora = hasattr(model, "peft_config")  # peft LoRA: the reference is this model, adapters off
+        self.base = model.get_base_model() if self.lora else model  # the HF model (adapters inside)
         # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.base.forward).parameters else "past_key_values"
 
     def sync_weights(self, module: torch.nn.Module, version: int) -> None:
         """The KV-cache loop samples with the trained module itself: nothing to copy."""
@@ -83,7 +89,7 @@ class LMPolicy:
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         tokens, logps = [], []
         with self._autocast():
-            out = self.module(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
+            out = self.base(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                               logits_to_keep=1)
             out[self.cache_arg].batch_repeat_interleave(n)
             logits = out.logits[:, -1].repeat_interleave(n, 0)
@@ -98,7 +104,7 @@ class LMPolicy:
                 if done.all() or t == max_new_tokens - 1:
                     break
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                out = self.module(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
+                out = self.base(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
                                   use_cache=True, **{self.cache_arg: out[self.cache_arg]})
                 logits = out.logits[:, -1]
                 next_pos = next_pos + 1
@@ -111,26 +117,70 @@ class LMPolicy:
                        behav_logp=torch.stack(logps, dim=1))
 
     def logits(self, rollout: Rollout) -> Tensor:
-        """Next-token logits at each completion position, [N, T, V] (with grad).
+        """Next-token logits at each completion position, [N, T, V] (with grad); tests and small vocabularies
+        only: the trainer applies `head` chunk by chunk to `features` instead."""
+        return self.head(self.features(rollout))
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """The lm-head on final hidden states [..., H] -> logits [..., V], float32 or wider. Under bf16 autocast with
+        `fp32_logits` the matmul itself runs in fp32 (ScaleRL, Khatri et al. 2025, arXiv:2510.13786)."""
+        lm_head = self.base.get_output_embeddings()
+        if self.autocast_dtype is not None and self.fp32_logits:
+            with torch.autocast(self.device.type, enabled=False):
+                bias = None if lm_head.bias is None else lm_head.bias.float()
+                return torch.nn.functional.linear(hidden.float(), lm_head.weight.float(), bias)
+        with self._autocast():
+            logits = lm_head(hidden)
+        return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # fp64 stays fp64
+
+    def features(self, rollout: Rollout) -> Tensor:
+        """Final hidden states at each completion position, [N, T, H] (with grad): position t holds the
+        state that predicts completion token t.
 
         Each distinct prompt runs once (with grad); every row's completion attends to its prompt's KV,
         gathered per row, so the G rows' gradients sum into the shared prompt activations. Same values as
         one forward over prompt+completion: under causal attention a prompt never sees its completions.
+        With gradient checkpointing (which cannot keep a KV cache) it is that one plain forward.
         """
+        decoder = self.base.get_decoder()
         P = rollout.prompt_ids.shape[1]
+        mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if self.checkpointing and torch.is_grad_enabled():
+            with self._autocast():
+                ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+                out = decoder(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1])
+            return out.last_hidden_state[:, P - 1:]
         uniq, inv = torch.unique(rollout.prompt_ids, dim=0, return_inverse=True)
         first = torch.empty(len(uniq), dtype=torch.long, device=inv.device).scatter_(
             0, inv, torch.arange(len(inv), device=inv.device))  # one row holding each distinct prompt
-        mask = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.module.config)
+        cache = DynamicCache(config=self.base.config)
         with self._autocast():
-            head = self.module(input_ids=uniq, attention_mask=rollout.prompt_mask[first],
-                               position_ids=positions[first, :P], use_cache=True, logits_to_keep=1,
-                               **{self.cache_arg: cache})
+            head = decoder(input_ids=uniq, attention_mask=rollout.prompt_mask[first],
+                           position_ids=positions[first, :P], use_cache=True, **{self.cache_arg: cache})
+            last = head.last_hidden_state[:, -1:][inv]  # [N, 1, H]
             if rollout.completion_ids.shape[1] == 1:
-                return head.logits[inv].float()
+                return last
             cache.batch_select_indices(inv)  # [U, ...] -> [N, ...], a differentiable gather
-            tail = self.module(input_ids=rollout.completion_ids[:, :-1], attention_mask=mask[:, :-1],
-                               position_ids=positions[:, P:-1], use_cache=True, **{self.cache_arg: cache})
-        return torch.cat([head.logits[inv], tail.logits], dim=1).float()
+            tail = decoder(input_ids=rollout.completion_ids[:, :-1], attention_mask=mask[:, :-1],
+                           position_ids=positions[:, P:-1], use_cache=True, **{self.cache_arg: cache})
+        return torch.cat([last, tail.last_hidden_state], dim=1)
+
+
+class AdaptersOff:
+    """The LoRA policy's base model as a frozen policy (the KL reference): the same module, adapters
+    disabled while it scores; no second copy of the weights."""
+
+    def __init__(self, policy: LMPolicy):
+        self.policy = policy
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def features(self, rollout: Rollout) -> Tensor:
+        with self.policy.module.disable_adapter():
+            return self.policy.features(rollout)
+
+    def head(self, hidden: Tensor) -> Tensor:
+        with self.policy.module.disable_adapter():
+            return self.policy.head(hidden)

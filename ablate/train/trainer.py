@@ -8,7 +8,6 @@ Each recipe toggle is read in exactly one place; the math lives in `advantages`,
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import traceback
@@ -30,9 +29,10 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
-from ablate.train import offpolicy, preemption, recipes
+from ablate.train import execution, offpolicy, preemption, recipes
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
+from ablate.train.models import load_weights, trained_weights
 from ablate.train.rollout import LMPolicy, RolloutEngine
 
 # --- set-up -----------------------------------------------------------------------------------------
@@ -53,9 +53,18 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
         return build_toy_policy(task)
     from ablate.train.models import load_model, load_tokenizer
 
-    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16")
-    model = load_model(cfg.model.path, device, torch.float32)  # fp32 master weights; bf16 via autocast
-    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None)
+    bf16_weights = cfg.model.master_weights == "bfloat16"
+    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16") and not bf16_weights
+    # fp32 master weights with bf16 autocast on CUDA, or bf16 weights (and optimizer state) throughout
+    model = load_model(cfg.model.path, device, torch.bfloat16 if bf16_weights else torch.float32)
+    if cfg.model.lora is not None:
+        from ablate.train.models import add_lora
+
+        model = add_lora(model, cfg.model.lora)
+    if cfg.compute.gradient_checkpointing:
+        execution.enable_gradient_checkpointing(model)
+    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None,
+                    cfg.compute.fp32_logits)
 
 
 def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
@@ -198,13 +207,16 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
 
 
 @torch.no_grad()
-def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int = 256) -> torch.Tensor:
-    """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad."""
-    out = []
-    for idx in torch.arange(len(rollout)).split(chunk):
-        sub = rollout.select(idx)
-        out.append(losses.token_logprobs(policy.logits(sub) / temperature, sub.completion_ids))
-    return torch.cat(out)
+def sequence_logprobs(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256) -> torch.Tensor:
+    """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad, in micro-batches of
+    at most `budget` tokens (0: `chunk` rows at a time); 0 after each completion's end."""
+    N, T = rollout.completion_ids.shape
+    out = None
+    for idx, sub in execution.micro_batches(rollout, torch.arange(N), budget, max_rows=chunk):
+        logp, _ = execution.token_scores(policy, sub, temperature)  # [n, t], t <= T
+        out = logp.new_zeros(N, T) if out is None else out
+        out[idx.to(out.device), :logp.shape[1]] = logp
+    return out
 
 
 # --- update ----------------------------------------------------------------------------------------
@@ -212,56 +224,68 @@ def sequence_logprobs(policy, rollout: Rollout, temperature: float, chunk: int =
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
            optimizer, cfg: RunConfig, step: int = 0, kl_coef: float | None = None,
            is_weights: torch.Tensor | None = None) -> dict[str, float]:
-    """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style); `is_weights`
-    [N,T] multiply the per-token policy loss (behaviour -> old correction, ablate/rl/corrections.py)."""
+    """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style), each
+    accumulated over micro-batches of at most `compute.micro_batch_tokens` tokens. Every aggregation's
+    normaliser belongs to the whole minibatch, so the accumulated gradient is the one-pass gradient.
+    `is_weights` [N,T] multiply the per-token policy loss (behaviour -> old correction, rl/corrections.py)."""
     r = cfg.recipe
     kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
     loss_fn, loss_params = losses.POLICY_LOSSES[r.policy_loss], recipes.policy_loss_params(r, cfg.seed, step)
+    entropy_mode = "grad" if r.entropy_coef else "value"
     N = len(batch.rollout)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     logs: dict[str, list[float]] = {}
     for epoch in range(r.update_epochs):
         for idx in torch.randperm(N).split(math.ceil(N / r.minibatches)):
-            sub = batch.rollout.select(idx)
-            mask = loss_mask[idx]
-            logits = policy.logits(sub) / r.temperature                         # [n, T, V]
-            check_finite("logits", logits)
-            logp = losses.token_logprobs(logits, sub.completion_ids)            # [n, T]
-            old = old_logp[idx] if old_logp is not None else logp.detach()      # on-policy: ratio 1
-            ent_tok = losses.entropy_from_logits(logits if r.entropy_coef else logits.detach())  # [n, T]
-            weight = recipes.token_weight(r, ent_tok, mask, is_weights[idx] if is_weights is not None else None)
-            loss_policy, clip = loss_fn(logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens,
-                                        **loss_params, **weight)
-            if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
-                loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
-                    logp, old, adv[idx], mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
-            loss = loss_policy
-            kl = torch.zeros(())
-            if ref_logp is not None:
-                kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[idx]), mask, r.max_new_tokens)
-                if r.kl_placement == "loss":
-                    loss = loss + kl_coef * kl
-            entropy = agg(ent_tok, mask, r.max_new_tokens)
-            if r.entropy_coef:
-                loss = loss - r.entropy_coef * entropy
-            if not torch.isfinite(loss):
-                raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            whole_mask = loss_mask[idx]
+            parts = []
+            for mb, sub in execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens):
+                logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
+                check_finite("log-probabilities (logits)", logp)
+                t = logp.shape[1]
+                mask = loss_mask[mb, :t]
+                old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
+                a = adv[mb] if adv.dim() == 1 else adv[mb, :t]  # [n] or per token [n, t] (REINFORCE++)
+                weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None)
+                loss_policy, clip = loss_fn(logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens,
+                                            **loss_params, **weight)
+                if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
+                    loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
+                        logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
+                loss = loss_policy
+                kl = torch.zeros(())
+                if ref_logp is not None:
+                    kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[mb, :t]), mask, r.max_new_tokens)
+                    if r.kl_placement == "loss":
+                        loss = loss + kl_coef * kl
+                entropy = agg(ent_tok, mask, r.max_new_tokens)
+                if r.entropy_coef:
+                    loss = loss - r.entropy_coef * entropy
+                if not torch.isfinite(loss):
+                    raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
+                w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
+                (loss * w).backward()
+                w_tok = mask.bool().sum() / whole_mask.bool().sum().clamp(min=1)
+                parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
+                                         "loss_entropy": entropy, **clip,
+                                         **losses.policy_diagnostics(logp, old, a, mask, ent_tok)}))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             check_finite("gradient norm", grad_norm)
             with overflow_is_divergence("optimizer step"):
                 optimizer.step()
-            row = {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": entropy,
-                   "grad_norm": grad_norm, **clip, **losses.policy_diagnostics(logp, old, adv[idx], mask, ent_tok)}
+            row = {**execution.combine_stats(parts, SUMMED), "grad_norm": grad_norm}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
-                row["entropy"], row["kl"] = entropy, kl
+                row["entropy"], row["kl"] = row["loss_entropy"], row["loss_kl"]
             for k, v in row.items():
                 logs.setdefault(k, []).append(float(torch.as_tensor(v).detach()))
     out = {k: float(np.mean(v)) for k, v in logs.items()}
     out["ratio_max"] = float(np.max(logs["ratio_max"]))
     return out
+
+
+SUMMED = ("loss", "loss_policy", "loss_kl", "loss_entropy")  # aggregated terms: micro-batches add up
 
 
 # --- evaluation ------------------------------------------------------------------------------------
@@ -384,15 +408,14 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
 
 def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> str:
     r = cfg.recipe
+    execution.apply(cfg.compute)
     torch.manual_seed(cfg.seed)
     task = make_task(cfg.task)
     train_set, heldout = band_filter(cfg, task.problems("train")), task.problems("heldout")  # task.pass_rate_band
     policy = build_policy(cfg, task, device)
     tokenizer = getattr(policy, "tokenizer", None)
     # the reference exists only when KL is on
-    ref = copy.deepcopy(policy) if r.kl_coef > 0 else None
-    if ref is not None:
-        ref.module.requires_grad_(False)
+    ref = execution.reference_policy(policy) if r.kl_coef > 0 else None
     optimizer, scheduler = make_optimizer(policy.module, cfg)
     # a policy with its own random stream (the chapter toy) draws its prompts and sampling noise from it
     stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else PromptSampler(len(train_set), cfg)
@@ -402,7 +425,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
 
     ckpt = store.load_checkpoint(run_id(cfg))
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
-        policy.module.load_state_dict(ckpt["model"])
+        load_weights(policy.module, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["rng"])
@@ -428,7 +451,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
 
     def save_checkpoint() -> None:  # the state at the last step boundary
         store.save_checkpoint({
-            "model": policy.module.state_dict(), "optimizer": optimizer.state_dict(),
+            "model": trained_weights(policy.module), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.state_dict(),
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending),
@@ -456,8 +479,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 batch, greedy, version = pending.popleft()  # sampled by the policy after `version` updates
                 t1 = time.perf_counter()
                 # 2. old (pi_old, recomputed now: the PPO anchor) and reference log-probs
-                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature)
-                ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature) if ref is not None else None
+                budget = cfg.compute.micro_batch_tokens
+                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature, budget)
+                ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature, budget) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
                 kl_reward, kl_tok = torch.zeros_like(rewards), None
