@@ -44,7 +44,7 @@ def trim(rollout: Rollout) -> Rollout:
     p = max(int(rollout.prompt_mask.sum(1).max()), 1)
     t = max(int(rollout.completion_mask.sum(1).max()), 1)
     return Rollout(rollout.prompt_ids[:, -p:], rollout.prompt_mask[:, -p:], rollout.completion_ids[:, :t],
-                   rollout.completion_mask[:, :t], rollout.truncated, rollout.texts)
+                   rollout.completion_mask[:, :t], rollout.truncated, rollout.texts, rollout.behav_logp[:, :t])
 
 
 def micro_batches(rollout: Rollout, idx: Tensor, budget: int, max_rows: int | None = None
@@ -60,6 +60,12 @@ def micro_batches(rollout: Rollout, idx: Tensor, budget: int, max_rows: int | No
     for run in pack(prompt_lens, completion_lens, budget):
         part = idx[run]
         yield part, trim(rollout.select(part))
+
+
+def join_columns(parts: list[Tensor], width: int) -> Tensor:
+    """Micro-batches' [n_i, t_i] tensors (trimmed to their own longest completion) back into one
+    [sum n_i, width] tensor in minibatch order, zero-padded on the right."""
+    return torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in parts])
 
 
 # --- scoring -----------------------------------------------------------------------------------------

@@ -240,7 +240,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
         for idx in torch.randperm(N).split(math.ceil(N / r.minibatches)):
             optimizer.zero_grad(set_to_none=True)
             whole_mask = loss_mask[idx]
-            parts = []
+            parts, scores = [], []  # per micro-batch: logged values; detached token scores
             for mb, sub in execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens):
                 logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
                 check_finite("log-probabilities (logits)", logp)
@@ -269,13 +269,16 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                 (loss * w).backward()
                 w_tok = mask.bool().sum() / whole_mask.bool().sum().clamp(min=1)
                 parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
-                                         "loss_entropy": entropy, **clip,
-                                         **losses.policy_diagnostics(logp, old, a, mask, ent_tok)}))
+                                         "loss_entropy": entropy, **clip}))
+                scores.append((logp.detach(), old, ent_tok.detach()))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             check_finite("gradient norm", grad_norm)
             with overflow_is_divergence("optimizer step"):
                 optimizer.step()
-            row = {**execution.combine_stats(parts, SUMMED), "grad_norm": grad_norm}
+            # batch-level diagnostics (a covariance over all tokens) from the whole minibatch's token scores
+            lp, old_lp, ent = (execution.join_columns([sc[i] for sc in scores], whole_mask.shape[1]) for i in range(3))
+            row = {**execution.combine_stats(parts, SUMMED), "grad_norm": grad_norm,
+                   **losses.policy_diagnostics(lp, old_lp, adv[idx], whole_mask, ent)}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
                 row["entropy"], row["kl"] = row["loss_entropy"], row["loss_kl"]
             for k, v in row.items():
