@@ -89,6 +89,14 @@ def test_staleness_0_without_correction_reproduces_the_unmodified_trainer(tmp_pa
         torch.set_num_threads(threads)
     golden = json.loads(GOLDEN.read_text())[name]
     store = RunStore(tmp_path)
+    # Since the recording, float64 rewards/advantages (offset invariance) and the chunked log-prob backward
+    # (micro-batching) changed float rounding, and later features added metrics: the logged keys of then
+    # must hold the same samples and rewards exactly and the same float numbers to float32 rounding.
     for log in ("metrics", "evals", "samples"):
-        rows = [{k: v for k, v in r.items() if not k.startswith(("perf/", "offpolicy/"))} for r in store.read(log)]
-        assert rows == golden[log], log  # same samples, same numbers: equality, not closeness
+        rows = store.read(log)
+        assert len(rows) == len(golden[log]), log
+        for row, want in zip(rows, golden[log]):
+            for k, v in want.items():
+                close = isinstance(v, float) and not isinstance(v, bool)
+                assert row.get(k) == (pytest.approx(v, rel=1e-5, abs=1e-7) if close else v), (log, k)
+    assert [r["completion"] for r in store.read("samples")] == [r["completion"] for r in golden["samples"]]
