@@ -47,11 +47,17 @@ def test_gpu_check_script_is_valid_bash_and_runs_the_python_check():
     assert "benchmarks/gpu_check.py --device cuda" in sh.read_text()
 
 
-def test_gpu_configs_and_profile_parse():
+def test_gpu_configs_and_profile_parse(tmp_path):
     from ablate.config import load
     from ablate.experiments.launch import load_profile
 
+    # the configs name a downloaded model and GSM8K files that validation rightly requires to exist:
+    # local stand-ins let every other field be validated here
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1?", "answer": "2"}\n')
     for path in sorted((REPO / "configs" / "gpu").glob("*.yaml")):
-        cfg = load(path)
+        cfg = load(path, [f"model.path={tmp_path / 'model'}", f"task.path={rows}", f"task.heldout_path={rows}"])
         assert cfg.device == "cuda" and cfg.recipe.group_size == 8 and 512 <= cfg.recipe.max_new_tokens <= 1024
     assert load_profile(REPO / "slurm" / "profiles" / "gpu-example.yaml")["gpus_per_node"] == 1

@@ -238,12 +238,14 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
 # --- (d) a run that raises --------------------------------------------------------------------------
 
 def test_run_that_raises_is_failed_with_traceback(tmp_path):
+    (tmp_path / "no-such-model").mkdir()  # passes validation (a folder with a config.json), fails to load
+    (tmp_path / "no-such-model" / "config.json").write_text("{}")
     spec = tmp_path / "bad.yaml"
     spec.write_text(yaml.safe_dump({"name": "bad", "out": str(tmp_path / "runs"), "base": {
         "config": str(ROOT / "configs/quickstart.yaml"),
         "overrides": {"model.path": str(tmp_path / "no-such-model"), "steps": 1, "tracking.wandb.mode": "disabled"}}}))
     sweep = load_spec(spec)
-    runs = expand(sweep)  # a valid config: it fails only when the worker loads the model
+    runs = expand(sweep)  # a valid config: it fails only when the worker loads the (broken) model
     launch(sweep, runs, executor="slurm", profile=DEV_PROFILE)
     (row,) = wait_finished(sweep.out, timeout=90).values()
     assert row["state"] == "failed" and row["scheduler"] == "FAILED", row
