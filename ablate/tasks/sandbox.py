@@ -5,8 +5,9 @@
 
 The sandbox: a fresh user, pid, network, IPC, UTS and cgroup namespace (`--unshare-all`: no network),
 a read-only root holding only /usr (no /home, /root, /work, /etc, /proc), a private writable tmpfs /tmp
-of bounded size and nothing else writable, a cleared environment, no capabilities, a new session, and
-death with the caller (`--die-with-parent`). The untrusted child also gets rlimits on CPU time, address
+of bounded size and nothing else writable, a cleared environment, no capabilities, a new session, death
+with the caller (`--die-with-parent`), and a seccomp filter (`ablate.tasks.seccomp`: ptrace, namespaces,
+mounts, bpf, io_uring, non-AF_UNIX sockets, ... fail with EPERM). The untrusted child also gets rlimits on CPU time, address
 space, processes and file size; the whole job a hard wall-clock timeout, after which its process group
 is killed. Each concurrent job runs under its own unprivileged uid (one per worker slot), so the process
 limit counts only that job's processes and no job can signal another.
