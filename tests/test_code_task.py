@@ -1,6 +1,7 @@
 """The code task and its sandbox: end to end with the scripted (reference) policy, and adversarial
 completions that must score 0 within the timeout without harming the trainer's process or the host."""
 
+import errno
 import json
 import os
 import subprocess
@@ -182,6 +183,66 @@ def test_no_network():
     code = ("import socket\ndef f():\n    try:\n        socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
             "        return True\n    except OSError:\n        return False\n")
     assert run_tests(code, "f", ["assert candidate() is False"]) == [True]
+
+
+# --- the seccomp filter: what untrusted code may not ask the kernel -----------------------------------
+
+# each probe returns 0 on success or the errno; arguments are chosen so that the kernel itself answers with
+# success or another error (EFAULT, EINVAL, ENOSYS) here, so an EPERM can only come from the filter
+SYSCALL_PROBES = r"""
+import ctypes, os, socket, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def call(r):
+    return 0 if r >= 0 else ctypes.get_errno()
+
+def f(name):
+    if name == "ptrace_traceme":
+        return call(libc.ptrace(0, 0, 0, 0))                        # PTRACE_TRACEME
+    if name == "unshare_user":
+        return call(libc.unshare(0x10000000))                       # CLONE_NEWUSER
+    if name == "clone_user":
+        return call(libc.syscall(56, 0x10000000 | 0x200, 0, 0, 0, 0))  # clone(NEWUSER|FS): EINVAL unfiltered
+    if name == "mount":
+        return call(libc.mount(b"none", ctypes.c_void_p(1), b"tmpfs", 0, None))  # bad target: EFAULT
+    if name == "bpf":
+        return call(libc.syscall(321, 9999, 0, 0))                  # unknown command: EINVAL
+    if name == "io_uring_setup":
+        return call(libc.syscall(425, 1, 0))                        # no params: EFAULT
+    if name == "x32_getpid":
+        return call(libc.syscall(0x40000000 | 39))                  # x32 ABI: ENOSYS where it is off
+    if name == "clone3":
+        return call(libc.syscall(435, 0, 0))
+    if name in ("socket_inet", "socket_inet6", "socket_unix"):
+        family = {"socket_inet": socket.AF_INET, "socket_inet6": socket.AF_INET6}.get(name, socket.AF_UNIX)
+        try:
+            socket.socket(family).close()
+            return 0
+        except OSError as e:                                        # PermissionError: a clean failure
+            return e.errno
+    if name == "thread_and_fork":                                   # what test code does need still works
+        out = []
+        t = threading.Thread(target=out.append, args=(1,))
+        t.start()
+        t.join()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3)
+        return out == [1] and os.waitpid(pid, 0)[1] >> 8 == 3
+"""
+DENIED = ["ptrace_traceme", "unshare_user", "clone_user", "mount", "bpf", "io_uring_setup", "x32_getpid",
+          "socket_inet", "socket_inet6"]
+
+
+def test_seccomp_refuses_escape_calls_with_eperm():
+    tests = ["assert candidate('thread_and_fork') is True", "assert candidate('socket_unix') == 0",
+             f"assert candidate('clone3') == {errno.ENOSYS}"]  # glibc falls back to clone
+    tests += [f"assert candidate({n!r}) == {errno.EPERM}" for n in DENIED]
+    assert run_tests(SYSCALL_PROBES, "f", tests) == [True] * len(tests)
+    # without the filter the same calls succeed or fail otherwise: the EPERMs above are the filter's
+    unfiltered = run_tests(SYSCALL_PROBES, "f", tests, Limits(seccomp=False))
+    assert unfiltered == [True, True, False] + [False] * len(DENIED)
 
 
 def test_results_do_not_depend_on_workers():

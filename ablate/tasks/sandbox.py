@@ -5,8 +5,9 @@
 
 The sandbox: a fresh user, pid, network, IPC, UTS and cgroup namespace (`--unshare-all`: no network),
 a read-only root holding only /usr (no /home, /root, /work, /etc, /proc), a private writable tmpfs /tmp
-of bounded size and nothing else writable, a cleared environment, no capabilities, a new session, and
-death with the caller (`--die-with-parent`). The untrusted child also gets rlimits on CPU time, address
+of bounded size and nothing else writable, a cleared environment, no capabilities, a new session, death
+with the caller (`--die-with-parent`), and a seccomp filter (`ablate.tasks.seccomp`: ptrace, namespaces,
+mounts, bpf, io_uring, non-AF_UNIX sockets, ... fail with EPERM). The untrusted child also gets rlimits on CPU time, address
 space, processes and file size; the whole job a hard wall-clock timeout, after which its process group
 is killed. Each concurrent job runs under its own unprivileged uid (one per worker slot), so the process
 limit counts only that job's processes and no job can signal another.
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from ablate.tasks.sandbox_harness import CHILD, HARNESS
+from ablate.tasks.seccomp import FILTER, supported
 
 BWRAP = "/usr/bin/bwrap"
 PYTHON = "/usr/bin/python3"  # the system interpreter: under /usr, the only tree the sandbox can see
@@ -46,6 +48,7 @@ class Limits:
     tmp_mb: int = 16          # size of the private /tmp
     call_seconds: float = 2.0  # wall clock per call into the solution (loading included)
     wall_seconds: float = 10.0  # hard wall clock of the whole job
+    seccomp: bool = True       # load the syscall filter of `ablate.tasks.seccomp` (x86_64 only)
 
 
 def available() -> str | None:
@@ -81,14 +84,18 @@ def run_tests(code: str, entry_point: str, tests: list[str], limits: Limits = Li
     token = secrets.token_hex(16)
     job = {"token": token, "code": code, "entry_point": entry_point, "tests": list(tests), "child": CHILD,
            "limits": asdict(limits)}
+    filter_fds = _seccomp_fds(limits)
+    seccomp = [arg for fd in filter_fds for arg in ("--seccomp", str(fd))]
     read_fd, write_fd = os.pipe()
     uid = _slots.get()
     try:
         user = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
-        proc = subprocess.Popen(bwrap_argv(limits) + [PYTHON, "-I", "-S", "-c", HARNESS, str(write_fd)],
+        proc = subprocess.Popen(bwrap_argv(limits) + seccomp + [PYTHON, "-I", "-S", "-c", HARNESS, str(write_fd)],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                pass_fds=(write_fd,), env={}, process_group=0, **user)
+                                pass_fds=(write_fd, *filter_fds), env={}, process_group=0, **user)
         os.close(write_fd)
+        for fd in filter_fds:
+            os.close(fd)
         try:
             proc.communicate(json.dumps(job).encode(), timeout=limits.wall_seconds)
         except subprocess.TimeoutExpired:
@@ -105,6 +112,18 @@ def run_tests(code: str, entry_point: str, tests: list[str], limits: Limits = Li
         if len(parts) == 3 and parts[0] == token and parts[1].isdigit() and int(parts[1]) < len(tests):
             passed[int(parts[1])] = parts[2] == "1"
     return passed
+
+
+def _seccomp_fds(limits: Limits) -> tuple[int, ...]:
+    """() without the filter, else the read end of a pipe holding it (bubblewrap reads it to EOF)."""
+    if not limits.seccomp:
+        return ()
+    if supported():
+        raise RuntimeError(f"code sandbox: {supported()}; Limits(seccomp=False) runs without it")
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, FILTER)  # a few hundred bytes: far below a pipe's buffer
+    os.close(write_fd)
+    return (read_fd,)
 
 
 def _kill(proc: subprocess.Popen) -> None:
