@@ -10,7 +10,8 @@ import numpy as np
 from ablate.analysis.stats import MIN_BOOT_SEEDS
 
 SECTIONS = [("headline", "Headline"), ("setup", "Setup"), ("warnings", "Warnings"), ("ranking", "Ranking"),
-            ("effects", "Factorial effects"), ("scores", "Scores"), ("scaling", "Compute scaling"),
+            ("effects", "Factorial effects"), ("scores", "Scores"), ("evalnoise", "Eval noise"),
+            ("scaling", "Compute scaling"),
             ("curves", "Curves"), ("passk", "pass@k"),
             ("diagnostics", "Diagnostics"), ("samples", "Samples"), ("runs", "Runs")]
 
@@ -184,6 +185,44 @@ def _scaling_rows(rep):
              "held-out RMSE"], rows)
 
 
+NOISE_NOTE = ("Held-out pass@1 of each run's last evaluation, per problem (eval_problems.jsonl; eval.repeats pooled), "
+              "in points. Two-way bootstrap: training seeds and held-out problems resampled independently (Owen 2007, "
+              "the pigeonhole bootstrap; not shown below 5 seeds, where its seed part is too narrow); problems alone: "
+              "the seeds held fixed. The variance of a seed's score is split (two-way ANOVA, seeds x problems) into "
+              "between-seed (training randomness) and eval parts (seed x problem interaction plus the sampling of "
+              "completions, which shrinks with eval.n_samples x eval.repeats). Contrasts: the same problems, paired "
+              "by seed; a difference is within eval noise when completion sampling alone could produce it (|diff| < "
+              "1.96 sd) or the problems-alone interval covers 0 (Hochlehnert et al. 2025, arXiv 2504.07086).")
+
+
+def _pct(v) -> str:
+    return "–" if not np.isfinite(v) else f"{v * 100:.0f}%"
+
+
+def _sd(v) -> str:
+    return "–" if not np.isfinite(v) else f"{v * 100:.2f}"
+
+
+def _noise_rows(rep):
+    rows = [[r.arm, r.S, r.M, r.n, _boot(r.mean, r.lo, r.hi, r.S, 100), _ci(r.mean, r.p_lo, r.p_hi, 100),
+             _sd(r.sd_seed), _sd(r.sd_eval), _sd(r.sd_sampling), _pct(r.share_seed), _pct(r.share_sampling)]
+            for r in rep.noise.itertuples()]
+    return (["arm", "seeds", "problems", "samples per problem", "pass@1 [95% two-way bootstrap CI]",
+             "[95% CI, problems alone]", "sd between seeds", "sd eval", "of which sampling",
+             "Var(seed score): between-seed", "Var(seed score): sampling"], rows)
+
+
+def _noise_contrast_rows(rep):
+    rows = []
+    for r in rep.noise_contrasts.itertuples():
+        seeds = f"{int(r.S)} paired" if r.paired else "unpaired (seed means)"
+        rows.append([r.arm, r.reference, seeds, r.M, _boot(r.diff, r.lo, r.hi, r.S if r.paired else 0, 100),
+                     _ci(r.diff, r.p_lo, r.p_hi, 100), f"{r.better} / {r.worse} / {r.tied}",
+                     "–" if not np.isfinite(r.noise_sd) else f"+-{1.96 * r.noise_sd * 100:.1f}", r.verdict])
+    return (["arm", "vs", "seeds", "problems", "difference (points) [95% two-way CI]", "[95% CI, problems alone]",
+             "problems better / worse / tied", "completion-sampling noise (95%)", "verdict"], rows)
+
+
 def _diag_rows(rep):
     cols = [("arm", "arm", None), ("entropy_start", "entropy start", 3), ("entropy_early", "entropy @20%", 3),
             ("entropy_end", "entropy end", 3), ("kl_max", "KL max", 3), ("kl_end", "KL end", 3),
@@ -286,6 +325,14 @@ def html(rep, title: str, meta: dict) -> str:
     if rep.score_table is not None and len(rep.score_table):
         p.append(f"<p class='meta'>{H.escape(SCORE_NOTE)}</p>")
         p.append(_table(*_score_rows(rep)))
+    sec("evalnoise")
+    if rep.noise is not None and len(rep.noise):
+        p.append(f"<p class='meta'>{H.escape(NOISE_NOTE)}</p>")
+        p.append(_table(*_noise_rows(rep)))
+        if len(rep.noise_contrasts):
+            p.append(_table(*_noise_contrast_rows(rep)))
+    else:
+        p.append("<p>No per-problem counts (eval_problems.jsonl): runs written before eval.repeats existed.</p>")
     sec("scaling")
     if rep.scaling is not None and len(rep.scaling):
         p.append(f"<p class='meta'>{H.escape(SCALING_NOTE)} x: {H.escape(rep.fit_x)}.</p>")
@@ -348,6 +395,10 @@ def markdown(rep, title: str, meta: dict) -> str:
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
     if rep.score_table is not None and len(rep.score_table):
         p += ["## Scores", "", SCORE_NOTE, "", _table(*_score_rows(rep), md=True)]
+    if rep.noise is not None and len(rep.noise):
+        p += ["## Eval noise", "", NOISE_NOTE, "", _table(*_noise_rows(rep), md=True)]
+        if len(rep.noise_contrasts):
+            p += [_table(*_noise_contrast_rows(rep), md=True)]
     if rep.scaling is not None and len(rep.scaling):
         p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _table(*_scaling_rows(rep), md=True)]
     if len(rep.passk):

@@ -4,8 +4,8 @@ plus a Markdown summary next to it.
     from ablate.analysis import build_report
     rep = build_report(["runs/clip_x_norm"], "reports/clip_x_norm.html", metric="eval/pass@1", x="tokens")
 
-Sections: headline, setup, warnings, ranking, factorial effects, curves, pass@k, diagnostics, samples,
-runs. docs/report.md explains every number.
+Sections: headline, setup, warnings, ranking, factorial effects, scores, eval noise, compute scaling,
+curves, pass@k, diagnostics, samples, runs. docs/report.md explains every number.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.analysis import diagnostics, effects, multiplicity, plots, render, stats
+from ablate.analysis import diagnostics, effects, evalnoise, multiplicity, plots, render, stats
 from ablate.analysis.design import arm_order
 from ablate.analysis.load import Study, load_study
 
@@ -56,6 +56,8 @@ class Report:
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
     tasks: pd.DataFrame | None = None              # task mixtures: final per-task held-out pass@k per arm
+    noise: pd.DataFrame | None = None              # eval noise per arm (ablate.analysis.evalnoise.noise_tables)
+    noise_contrasts: pd.DataFrame | None = None    # per arm vs the reference, on the same held-out problems
 
 
 def default_metric(study: Study) -> str:
@@ -298,6 +300,8 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         rep.warnings.append(f"--ci {ci_method} is a bootstrap: with fewer than {stats.MIN_BOOT_SEEDS} seeds per arm it "
                             "resamples the few seeds as if they were all and comes out too narrow; use --ci t")
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
+    rep.noise, rep.noise_contrasts = evalnoise.noise_tables(study, rep.scores, reps, seed=seed)
+    rep.warnings += evalnoise.noise_lines(rep.noise_contrasts)
     rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
     inc = rep.scores[rep.scores["included"]]
