@@ -197,3 +197,21 @@ def scaling_figure(fits: dict, arms: list[str], xlabel: str, scale: float = 1.0,
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def profile_figure(profs: dict, arms: list[str]):
+    """Performance profiles (rliable): per arm, the share of run x task scores above tau, with the
+    stratified-bootstrap band (drawn from MIN_BOOT_SEEDS runs per arm only)."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    colors = _colors(arms)
+    for arm, (taus, point, lo, hi, n) in profs.items():
+        c = colors.get(arm)
+        ax.plot(taus * 100, point, color=c, lw=1.5, label=f"{arm} ({n} runs)")
+        if n >= MIN_BOOT_SEEDS:
+            ax.fill_between(taus * 100, lo, hi, color=c, alpha=0.2)
+    ax.set_xlabel("held-out pass@1 threshold tau (points)")
+    ax.set_ylabel("share of run x task scores > tau")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

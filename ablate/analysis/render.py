@@ -358,6 +358,12 @@ def html(rep, title: str, meta: dict) -> str:
     if rep.tasks is not None and len(rep.tasks):
         p.append("<h3>Per task (task mixture)</h3>")
         p.append(_table(*_task_rows(rep)))
+    if rep.multitask is not None and len(rep.multitask):
+        p.append("<h3>Across tasks (rliable)</h3>")
+        p.append(f"<p class='meta'>{H.escape(MULTITASK_NOTE)}</p>")
+        p.append(_table(*_multitask_rows(rep)))
+        if "profiles" in rep.figures:
+            p.append(f"<img alt='performance profiles' src='data:image/png;base64,{rep.figures['profiles']}'>")
     sec("diagnostics")
     p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
     p.append("<p class='meta'>Entropy start / at 20% of steps / end; KL max and end; dead-group shares, truncation "
@@ -378,6 +384,22 @@ def _task_rows(rep):
     """Final held-out pass@k of each task of a mixture, per arm."""
     return (["task", "arm", "k", "mean [95% CI]", "n"],
             [[r.task, r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.tasks.itertuples()])
+
+
+MULTITASK_NOTE = ("Final held-out pass@1 of every run on every task of the mixture, in points (Agarwal et al. 2021, "
+                  "rliable): mean and IQM over all run x task scores, and the optimality gap 100 - mean(min(score, "
+                  "100)) (lower is better); 95% stratified-bootstrap CIs (runs resampled within each task; not shown "
+                  "below 5 runs). The figure: the performance profile, the share of run x task scores above each "
+                  "threshold (a curve above another everywhere dominates it).")
+
+
+def _multitask_rows(rep):
+    rows = [[r.arm, r.n, r.tasks, _boot(r.mean, r.mean_lo, r.mean_hi, r.n, 100),
+             _boot(r.iqm, r.iqm_lo, r.iqm_hi, r.n, 100),
+             _boot(r.optimality_gap, r.optimality_gap_lo, r.optimality_gap_hi, r.n, 100)]
+            for r in rep.multitask.itertuples()]
+    return ["arm", "runs", "tasks", "mean [95% bootstrap CI]", "IQM [95% bootstrap CI]",
+            "optimality gap [95% bootstrap CI]"], rows
 
 
 def markdown(rep, title: str, meta: dict) -> str:
@@ -405,6 +427,8 @@ def markdown(rep, title: str, meta: dict) -> str:
         p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
     if rep.tasks is not None and len(rep.tasks):
         p += ["### Per task (task mixture)", "", _table(*_task_rows(rep), md=True)]
+    if rep.multitask is not None and len(rep.multitask):
+        p += ["### Across tasks (rliable)", "", MULTITASK_NOTE, "", _table(*_multitask_rows(rep), md=True)]
     if len(rep.diagnostics):
         p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
     if rep.samples:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.analysis import diagnostics, effects, evalnoise, multiplicity, plots, render, stats
+from ablate.analysis import diagnostics, effects, evalnoise, multiplicity, multitask, plots, render, stats
 from ablate.analysis.design import arm_order
 from ablate.analysis.load import Study, load_study
 
@@ -56,6 +56,7 @@ class Report:
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
     tasks: pd.DataFrame | None = None              # task mixtures: final per-task held-out pass@k per arm
+    multitask: pd.DataFrame | None = None          # task mixtures: mean, IQM, optimality gap over runs x tasks
     noise: pd.DataFrame | None = None              # eval noise per arm (ablate.analysis.evalnoise.noise_tables)
     noise_contrasts: pd.DataFrame | None = None    # per arm vs the reference, on the same held-out problems
 
@@ -287,6 +288,8 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
     rep.tasks = task_table(study, rep.scores, reps, seed, ci_method)
+    _, mats = multitask.task_matrices(study, rep.scores)
+    rep.multitask = multitask.aggregate_table(mats, reps, seed) if mats else None
     rep.diagnostics = diagnostics.arm_diagnostics(study, metric)
     rep.score_table = score_table(study, metric, reps, seed, ci_method, last_k)
     rep.gain = base_change(study, rep.scores, metric, reps, seed, ci_method)
@@ -331,6 +334,9 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         if len(rep.passk):
             pk = rep.passk.assign(mean=rep.passk["mean"] * 100, lo=rep.passk["lo"] * 100, hi=rep.passk["hi"] * 100)
             rep.figures["passk"] = plots.to_base64(plots.passk_figure(pk, arms, "pass@k (held-out, points)"))
+        if mats:
+            rep.figures["profiles"] = plots.to_base64(plots.profile_figure(multitask.profiles(mats, reps=reps, seed=seed),
+                                                                           arms))
         if rep.effects is not None and len(rep.effects):
             e = rep.effects.assign(estimate=rep.effects.estimate * scale, lo=rep.effects.lo * scale,
                                    hi=rep.effects.hi * scale)
