@@ -288,6 +288,19 @@ def _setup_parts(rep, md=False):
     return out
 
 
+def band_lines(bands: list[dict]) -> list[str]:
+    """One line per task.pass_rate_band the runs used: how many training prompts it kept."""
+    out = []
+    for e in bands:
+        lo, hi = e["band"]
+        s = e["summary"]
+        head = f"task.pass_rate_band [{lo:g}, {hi:g}] ({', '.join(e['arms'])}): "
+        out.append(head + (f"{s['kept']:,} of {s['total']:,} training prompts kept ({s['kept'] / s['total']:.0%}) by "
+                           f"the base model's pass rate over {e['n']} samples" if s else
+                           f"the pass-rate cache {e['cache']} is not on this machine (run `ablate difficulty`)"))
+    return out
+
+
 def html(rep, title: str, meta: dict) -> str:
     p = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{H.escape(title)}</title>"
          f"<style>{CSS}</style></head><body><h1>{H.escape(title)}</h1>",
@@ -307,6 +320,9 @@ def html(rep, title: str, meta: dict) -> str:
     p += [x if x.startswith("<") else f"<p>{H.escape(x)}</p>" for x in _setup_parts(rep)]
     fixed_all = "".join(f"<tr><td>{H.escape(k)}</td><td>{H.escape(str(v))}</td></tr>" for k, v in rep.setup["fixed"].items())
     p.append(f"<details><summary>every fixed config key</summary><table>{fixed_all}</table></details>")
+    p += [f"<p>{H.escape(line)}</p>" for line in band_lines(rep.bands)]
+    if "bands" in rep.figures:
+        p.append(f"<img alt='pass rates before and after the band' src='data:image/png;base64,{rep.figures['bands']}'>")
     sec("warnings")
     p.append("<ul class='warn'>" + "".join(f"<li>{H.escape(w)}</li>" for w in rep.warnings) + "</ul>"
              if rep.warnings else "<p>None.</p>")
@@ -410,7 +426,7 @@ def markdown(rep, title: str, meta: dict) -> str:
         p += ["Change from the base model (final minus step-0 evaluation of the same run):", ""]
         p += [f"- {h}" for h in rep.base_lines] + [""]
     p += ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
-    p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)]
+    p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)] + [x + "\n" for x in band_lines(rep.bands)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
     p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
     p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])

@@ -57,6 +57,7 @@ class Report:
     runs: pd.DataFrame | None = None
     tasks: pd.DataFrame | None = None              # task mixtures: final per-task held-out pass@k per arm
     multitask: pd.DataFrame | None = None          # task mixtures: mean, IQM, optimality gap over runs x tasks
+    bands: list = field(default_factory=list)       # task.pass_rate_band: prompts kept, histograms (band_summaries)
     noise: pd.DataFrame | None = None              # eval noise per arm (ablate.analysis.evalnoise.noise_tables)
     noise_contrasts: pd.DataFrame | None = None    # per arm vs the reference, on the same held-out problems
 
@@ -198,6 +199,31 @@ def task_table(study: Study, scores: pd.DataFrame, reps: int, seed: int, method:
     return pd.DataFrame(rows)
 
 
+def band_summaries(study: Study) -> list[dict]:
+    """One entry per distinct `task.pass_rate_band` cache the runs read: the band, the arms, the cache
+    file and (when it is found) ablate.train.difficulty.band_summary of its base-model pass rates."""
+    from ablate.train.difficulty import band_cache_of, band_summary
+
+    out: dict = {}
+    for arm, d in zip(study.runs["arm"], study.data):
+        band = (d.config.get("task") or {}).get("pass_rate_band")
+        if not band:
+            continue
+        try:
+            path = band_cache_of(d.config)
+        except (KeyError, TypeError, ValueError):
+            continue  # not a config ablate wrote
+        e = out.setdefault((str(path), tuple(band)), {"band": list(band), "arms": [], "cache": str(path), "summary": None,
+                                                      "n": d.config["eval"]["n_samples"]})
+        if arm not in e["arms"]:
+            e["arms"].append(arm)
+    for e in out.values():
+        p = Path(e["cache"])
+        if p.exists():
+            e["summary"] = band_summary(json.loads(p.read_text())["rates"], *e["band"])
+    return list(out.values())
+
+
 def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
     """For each arm: sample completions from its first usable run, at its last logged step."""
     out = {}
@@ -307,6 +333,7 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
     rep.warnings += evalnoise.noise_lines(rep.noise_contrasts)
     rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
+    rep.bands = band_summaries(study)
     inc = rep.scores[rep.scores["included"]]
     if fit is not None and metric in study.evals.columns and len(inc):
         from ablate.analysis import scaling
@@ -334,6 +361,8 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         if len(rep.passk):
             pk = rep.passk.assign(mean=rep.passk["mean"] * 100, lo=rep.passk["lo"] * 100, hi=rep.passk["hi"] * 100)
             rep.figures["passk"] = plots.to_base64(plots.passk_figure(pk, arms, "pass@k (held-out, points)"))
+        if any(e["summary"] for e in rep.bands):
+            rep.figures["bands"] = plots.to_base64(plots.band_figure([e for e in rep.bands if e["summary"]]))
         if mats:
             rep.figures["profiles"] = plots.to_base64(plots.profile_figure(multitask.profiles(mats, reps=reps, seed=seed),
                                                                            arms))
