@@ -89,6 +89,10 @@ def test_report_eval_noise_matches_the_hand_computation(tmp_path):
     assert d.noise_sd == pytest.approx(np.sqrt(0.0375 / 15 + 32 / 15 / 48 / 15), abs=1e-6)   # 0.0739
     assert d.verdict == "within eval noise (completion sampling)"             # 0.050 < 1.96 x 0.0739
     assert any(w.startswith("scale=none vs scale=group: +5.0 points") and "within eval noise" in w for w in rep.warnings)
+    from ablate.analysis.report import report_json
+
+    got = json.loads(report_json(rep))["eval_noise_contrasts"][0]
+    assert got["verdict"] == d.verdict and got["better"] == 3
     md = markdown(rep, "t", {"paths": [str(tmp_path)], "generated": "now"})
     assert "## Eval noise" in md and "n/a: < 5 seeds" in md                   # 3 seeds: no two-way CI shown
 

@@ -385,4 +385,7 @@ def report_json(rep: Report) -> str:
     return json.dumps({"metric": rep.metric, "score": rep.score, "adjust": rep.adjust, "base_change": rep.base_lines,
                        "headline": rep.headline, "warnings": rep.warnings,
                        "arms": rep.arms.to_dict("records"),
-                       "effects": [] if rep.effects is None else rep.effects.to_dict("records")}, default=str)
+                       "effects": [] if rep.effects is None else rep.effects.to_dict("records"),
+                       "eval_noise": [] if rep.noise is None else rep.noise.to_dict("records"),
+                       "eval_noise_contrasts": [] if rep.noise_contrasts is None else
+                       rep.noise_contrasts.to_dict("records")}, default=str)
