@@ -222,6 +222,7 @@ class EvalConfig:
     ks: tuple[int, ...] = (1, 4, 8)
     temperature: float = 1.0
     num_samples_logged: int = 4  # sample completions stored per evaluation
+    repeats: int = 1  # held-out evaluations per schedule point, each with its own sampling seed (eval noise)
 
 
 @dataclass(frozen=True)
@@ -605,6 +606,7 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(len(e.ks) >= 1 and all(1 <= k <= e.n_samples for k in e.ks),
           f"eval.ks must be non-empty with every k in [1, eval.n_samples={e.n_samples}]")
     check(e.temperature > 0, "eval.temperature must be > 0")
+    check(e.repeats >= 1, "eval.repeats must be >= 1 (1 = one evaluation per schedule point)")
     check(t.num_train >= 1 and t.num_heldout >= 1, "task.num_train and task.num_heldout must be >= 1")
     check(t.name != "arithmetic" or (t.digits and all(1 <= d <= 6 for d in t.digits)),
           "task.digits must be a non-empty list of digit counts in 1..6")

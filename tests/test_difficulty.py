@@ -1,5 +1,6 @@
 """`ablate difficulty`: cached per-prompt pass rates of the base model, and `task.pass_rate_band`."""
 
+import html
 import json
 
 import pytest
@@ -61,3 +62,37 @@ def test_cli(tmp_path):
     cached = json.loads(next((tmp_path / "cache" / "difficulty").glob("*.json")).read_text())
     assert cached["n"] == 2 and len(cached["rates"]) == 64
     assert runner.invoke(app, ["difficulty", "configs/toy.yaml", "--set", "recipe.group_size=0"]).exit_code == 2
+
+
+def test_report_shows_the_band_histograms(tmp_path, monkeypatch):
+    """Two real toy runs, one with task.pass_rate_band: the report's setup says how many prompts the
+    band kept and draws the pass-rate histograms before and after; a moved cache is said to be missing."""
+    from ablate.analysis import build_report
+    from ablate.analysis.render import band_lines
+    from ablate.analysis.report import band_summaries
+    from ablate.train.difficulty import band_summary
+
+    base = ["steps=2", "eval.every=0", "eval.n_samples=4", "eval.ks=[1, 4]", "tracking.wandb.mode=disabled"]
+    banded = load("configs/toy.yaml", [*base, "task.pass_rate_band=[0.1, 0.8]"])
+    rates, _ = estimate(banded, 4, 1.0, progress=False)
+    for name, cfg in (("band", banded), ("all", load("configs/toy.yaml", base))):
+        assert trainer.train(cfg, str(tmp_path / "runs" / name), progress=False) == "completed"
+    kept = sum(0.1 <= r <= 0.8 for r in rates.values())
+    s = band_summary(rates, 0.1, 0.8)
+    assert (s["total"], s["kept"], sum(s["before"]), sum(s["after"])) == (64, kept, 64, kept)
+    assert s["before"] == histogram(list(rates.values())) and s["after"][0] == 0  # rate 0 is below the band
+    assert band_summary({"a": 0.0, "b": 0.25, "c": 0.5, "d": 1.0}, 0.1, 0.8) == {
+        "band": [0.1, 0.8], "total": 4, "kept": 2, "before": [1, 0, 1, 0, 0, 1, 0, 0, 0, 1],
+        "after": [0, 0, 1, 0, 0, 1, 0, 0, 0, 0]}
+    out = tmp_path / "rep.html"
+    rep = build_report([tmp_path / "runs"], out, figures=False, reps=100)
+    (e,) = rep.bands
+    assert e["summary"] == s and len(e["arms"]) == 1
+    line = f"{kept} of 64 training prompts kept ({kept / 64:.0%}) by the base model's pass rate over 4 samples"
+    assert line in band_lines(rep.bands)[0] and html.escape(line) in out.read_text() and line in out.with_suffix(".md").read_text()
+    from ablate.analysis import plots
+
+    fig = plots.band_figure(rep.bands)
+    assert [b.get_height() for b in fig.axes[0].patches] == [*s["before"], *s["after"]]
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "elsewhere"))
+    assert "is not on this machine" in band_lines(band_summaries(rep.study))[0]

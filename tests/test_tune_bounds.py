@@ -82,3 +82,42 @@ def test_confirm_command_on_a_real_study(tmp_path):
     assert body["arms"] == {"baseline": {}, "trial1": {"optim.lr": 0.05}} and body["seeds"] == [1, 2]
     assert "ablate sweep run" in res.output
     assert CliRunner().invoke(tune_app, ["confirm", str(path), "--seeds", "1", "--out", str(out)]).exit_code == 2
+
+
+def test_confirm_run_reruns_a_real_study_locally(tmp_path, monkeypatch):
+    """A real tiny search (SQLite, toy, one trial run inline), then `ablate tune confirm --run`: the
+    confirm spec is written, its runs (baseline + the best trial on 2 fresh seeds) are launched with the
+    local executor and finish, and the report compares them."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from ablate.cli.tune import tune_app
+    from ablate.runs.store import RunStore
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "sweeps").mkdir()
+    shutil.copy(root / "configs" / "toy.yaml", tmp_path / "configs" / "toy.yaml")
+    spec = tmp_path / "sweeps" / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "tiny", "base": {"config": "../configs/toy.yaml",
+                                 "overrides": {"steps": 2, "eval.every": 0, "tracking.wandb.mode": "disabled"}},
+        "search": {"optim.lr": {"type": "float", "low": 0.01, "high": 3.0, "log": True}},
+        "objective": {"metric": "eval/pass@1_exact", "direction": "maximize"}, "trials": 1, "seeds": [0],
+        "sampler": {"name": "random", "seed": 0}, "executor": {"name": "local", "workers": 1}}))
+    monkeypatch.chdir(tmp_path)                                            # the report goes to reports/
+    out = tmp_path / "runs" / "tiny"
+    res = CliRunner().invoke(tune_app, ["run", str(spec), "--executor", "inline", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(tune_app, ["confirm", str(spec), "--top", "1", "--seeds", "2", "--out", str(out), "--run"])
+    assert res.exit_code == 0, res.output
+    body = yaml.safe_load((tmp_path / "sweeps" / "tiny_confirm.yaml").read_text())
+    assert list(body["arms"]) == ["baseline", "trial0"] and body["seeds"] == [1, 2]
+    runs = sorted(p.parent for p in (tmp_path / "runs" / "tiny_confirm").rglob("status.json"))
+    assert len(runs) == 4 and all(RunStore(p).status()["state"] == "completed" for p in runs)
+    seeds = sorted(yaml.safe_load((p / "config.yaml").read_text())["seed"] for p in runs)
+    assert seeds == [1, 1, 2, 2]                                           # fresh seeds: not the search's 0
+    assert (tmp_path / "reports" / "tiny_confirm.html").exists() and "arm baseline -> trial0" in res.output

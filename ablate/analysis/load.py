@@ -4,6 +4,7 @@
     load_study(path, ...)  Study: `runs` (one row per run, every run, whatever its state), `metrics` and
                            `evals` (wide: run_id, step, one column per metric), arms and factors
     final_table(x)         one row per run: state, arm, seed, last value of every metric
+    eval_problems(study)   per-problem held-out counts of each run's last evaluation (eval_problems.jsonl)
 
 Every run folder is kept, whatever its state (running, failed, diverged, ...); a run that logged nothing
 still has its row in `Study.runs` and `final_table`. A torn last JSONL line is skipped.
@@ -266,6 +267,21 @@ def load_runs(*paths: str | Path, cache: bool = True) -> pd.DataFrame:
     metrics are included; incomplete and failed runs are kept, labelled by `state`."""
     dirs = list(dict.fromkeys(r for p in paths for r in find_runs(p)))
     return tidy_frame([read_run(d, cache) for d in dirs])
+
+
+def eval_problems(study: Study) -> pd.DataFrame:
+    """Held-out correct counts per problem at each run's last evaluation in `eval_problems.jsonl`, its
+    repeats pooled: run_id, step, problem, n (eval.n_samples x eval.repeats), correct. Runs without the
+    file (written before eval.repeats existed) have no rows."""
+    rows = []
+    for rid, d in zip(study.runs["run_id"], study.data):
+        log = read_jsonl(d.run_dir / "eval_problems.jsonl")
+        last = max((r.get("step", -1) for r in log), default=None)
+        for r in log:
+            if r.get("step") == last:
+                rows += [(rid, last, pid, r["n"], c) for pid, c in zip(r["problems"], r["correct"])]
+    df = pd.DataFrame(rows, columns=["run_id", "step", "problem", "n", "correct"])
+    return df.groupby(["run_id", "step", "problem"], sort=False, as_index=False)[["n", "correct"]].sum()
 
 
 def final_table(x: Study | pd.DataFrame) -> pd.DataFrame:

@@ -197,3 +197,42 @@ def scaling_figure(fits: dict, arms: list[str], xlabel: str, scale: float = 1.0,
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def profile_figure(profs: dict, arms: list[str]):
+    """Performance profiles (rliable): per arm, the share of run x task scores above tau, with the
+    stratified-bootstrap band (drawn from MIN_BOOT_SEEDS runs per arm only)."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    colors = _colors(arms)
+    for arm, (taus, point, lo, hi, n) in profs.items():
+        c = colors.get(arm)
+        ax.plot(taus * 100, point, color=c, lw=1.5, label=f"{arm} ({n} runs)")
+        if n >= MIN_BOOT_SEEDS:
+            ax.fill_between(taus * 100, lo, hi, color=c, alpha=0.2)
+    ax.set_xlabel("held-out pass@1 threshold tau (points)")
+    ax.set_ylabel("share of run x task scores > tau")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def band_figure(bands: list[dict]):
+    """Per `task.pass_rate_band`: the histogram of the base model's per-prompt pass rates over every
+    training prompt (grey) and over the prompts the band keeps (colour); dashed lines at the band."""
+    fig, axes = plt.subplots(1, len(bands), figsize=(5.5 * len(bands), 3.4), squeeze=False)
+    edges = np.linspace(0, 1, 11)
+    for ax, e in zip(axes[0], bands):
+        s = e["summary"]
+        ax.bar(edges[:-1], s["before"], width=0.1, align="edge", color="lightgrey", edgecolor="grey",
+               label=f"all {s['total']:,} prompts")
+        ax.bar(edges[:-1], s["after"], width=0.1, align="edge", color="tab:blue", alpha=0.8,
+               label=f"kept {s['kept']:,}")
+        for b in e["band"]:
+            ax.axvline(b, color="black", ls="--", lw=1)
+        ax.set_xlabel("base-model pass rate of the prompt")
+        ax.set_ylabel("training prompts")
+        ax.set_title(f"task.pass_rate_band {e['band']}: {', '.join(e['arms'])}", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -10,7 +10,8 @@ import numpy as np
 from ablate.analysis.stats import MIN_BOOT_SEEDS
 
 SECTIONS = [("headline", "Headline"), ("setup", "Setup"), ("warnings", "Warnings"), ("ranking", "Ranking"),
-            ("effects", "Factorial effects"), ("scores", "Scores"), ("scaling", "Compute scaling"),
+            ("effects", "Factorial effects"), ("scores", "Scores"), ("evalnoise", "Eval noise"),
+            ("scaling", "Compute scaling"),
             ("curves", "Curves"), ("passk", "pass@k"),
             ("diagnostics", "Diagnostics"), ("samples", "Samples"), ("runs", "Runs")]
 
@@ -184,6 +185,44 @@ def _scaling_rows(rep):
              "held-out RMSE"], rows)
 
 
+NOISE_NOTE = ("Held-out pass@1 of each run's last evaluation, per problem (eval_problems.jsonl; eval.repeats pooled), "
+              "in points. Two-way bootstrap: training seeds and held-out problems resampled independently (Owen 2007, "
+              "the pigeonhole bootstrap; not shown below 5 seeds, where its seed part is too narrow); problems alone: "
+              "the seeds held fixed. The variance of a seed's score is split (two-way ANOVA, seeds x problems) into "
+              "between-seed (training randomness) and eval parts (seed x problem interaction plus the sampling of "
+              "completions, which shrinks with eval.n_samples x eval.repeats). Contrasts: the same problems, paired "
+              "by seed; a difference is within eval noise when completion sampling alone could produce it (|diff| < "
+              "1.96 sd) or the problems-alone interval covers 0 (Hochlehnert et al. 2025, arXiv 2504.07086).")
+
+
+def _pct(v) -> str:
+    return "–" if not np.isfinite(v) else f"{v * 100:.0f}%"
+
+
+def _sd(v) -> str:
+    return "–" if not np.isfinite(v) else f"{v * 100:.2f}"
+
+
+def _noise_rows(rep):
+    rows = [[r.arm, r.S, r.M, r.n, _boot(r.mean, r.lo, r.hi, r.S, 100), _ci(r.mean, r.p_lo, r.p_hi, 100),
+             _sd(r.sd_seed), _sd(r.sd_eval), _sd(r.sd_sampling), _pct(r.share_seed), _pct(r.share_sampling)]
+            for r in rep.noise.itertuples()]
+    return (["arm", "seeds", "problems", "samples per problem", "pass@1 [95% two-way bootstrap CI]",
+             "[95% CI, problems alone]", "sd between seeds", "sd eval", "of which sampling",
+             "Var(seed score): between-seed", "Var(seed score): sampling"], rows)
+
+
+def _noise_contrast_rows(rep):
+    rows = []
+    for r in rep.noise_contrasts.itertuples():
+        seeds = f"{int(r.S)} paired" if r.paired else "unpaired (seed means)"
+        rows.append([r.arm, r.reference, seeds, r.M, _boot(r.diff, r.lo, r.hi, r.S if r.paired else 0, 100),
+                     _ci(r.diff, r.p_lo, r.p_hi, 100), f"{r.better} / {r.worse} / {r.tied}",
+                     "–" if not np.isfinite(r.noise_sd) else f"+-{1.96 * r.noise_sd * 100:.1f}", r.verdict])
+    return (["arm", "vs", "seeds", "problems", "difference (points) [95% two-way CI]", "[95% CI, problems alone]",
+             "problems better / worse / tied", "completion-sampling noise (95%)", "verdict"], rows)
+
+
 def _diag_rows(rep):
     cols = [("arm", "arm", None), ("entropy_start", "entropy start", 3), ("entropy_early", "entropy @20%", 3),
             ("entropy_end", "entropy end", 3), ("kl_max", "KL max", 3), ("kl_end", "KL end", 3),
@@ -249,6 +288,19 @@ def _setup_parts(rep, md=False):
     return out
 
 
+def band_lines(bands: list[dict]) -> list[str]:
+    """One line per task.pass_rate_band the runs used: how many training prompts it kept."""
+    out = []
+    for e in bands:
+        lo, hi = e["band"]
+        s = e["summary"]
+        head = f"task.pass_rate_band [{lo:g}, {hi:g}] ({', '.join(e['arms'])}): "
+        out.append(head + (f"{s['kept']:,} of {s['total']:,} training prompts kept ({s['kept'] / s['total']:.0%}) by "
+                           f"the base model's pass rate over {e['n']} samples" if s else
+                           f"the pass-rate cache {e['cache']} is not on this machine (run `ablate difficulty`)"))
+    return out
+
+
 def html(rep, title: str, meta: dict) -> str:
     p = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{H.escape(title)}</title>"
          f"<style>{CSS}</style></head><body><h1>{H.escape(title)}</h1>",
@@ -268,6 +320,9 @@ def html(rep, title: str, meta: dict) -> str:
     p += [x if x.startswith("<") else f"<p>{H.escape(x)}</p>" for x in _setup_parts(rep)]
     fixed_all = "".join(f"<tr><td>{H.escape(k)}</td><td>{H.escape(str(v))}</td></tr>" for k, v in rep.setup["fixed"].items())
     p.append(f"<details><summary>every fixed config key</summary><table>{fixed_all}</table></details>")
+    p += [f"<p>{H.escape(line)}</p>" for line in band_lines(rep.bands)]
+    if "bands" in rep.figures:
+        p.append(f"<img alt='pass rates before and after the band' src='data:image/png;base64,{rep.figures['bands']}'>")
     sec("warnings")
     p.append("<ul class='warn'>" + "".join(f"<li>{H.escape(w)}</li>" for w in rep.warnings) + "</ul>"
              if rep.warnings else "<p>None.</p>")
@@ -286,6 +341,14 @@ def html(rep, title: str, meta: dict) -> str:
     if rep.score_table is not None and len(rep.score_table):
         p.append(f"<p class='meta'>{H.escape(SCORE_NOTE)}</p>")
         p.append(_table(*_score_rows(rep)))
+    sec("evalnoise")
+    if rep.noise is not None and len(rep.noise):
+        p.append(f"<p class='meta'>{H.escape(NOISE_NOTE)}</p>")
+        p.append(_table(*_noise_rows(rep)))
+        if len(rep.noise_contrasts):
+            p.append(_table(*_noise_contrast_rows(rep)))
+    else:
+        p.append("<p>No per-problem counts (eval_problems.jsonl): runs written before eval.repeats existed.</p>")
     sec("scaling")
     if rep.scaling is not None and len(rep.scaling):
         p.append(f"<p class='meta'>{H.escape(SCALING_NOTE)} x: {H.escape(rep.fit_x)}.</p>")
@@ -311,6 +374,12 @@ def html(rep, title: str, meta: dict) -> str:
     if rep.tasks is not None and len(rep.tasks):
         p.append("<h3>Per task (task mixture)</h3>")
         p.append(_table(*_task_rows(rep)))
+    if rep.multitask is not None and len(rep.multitask):
+        p.append("<h3>Across tasks (rliable)</h3>")
+        p.append(f"<p class='meta'>{H.escape(MULTITASK_NOTE)}</p>")
+        p.append(_table(*_multitask_rows(rep)))
+        if "profiles" in rep.figures:
+            p.append(f"<img alt='performance profiles' src='data:image/png;base64,{rep.figures['profiles']}'>")
     sec("diagnostics")
     p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
     p.append("<p class='meta'>Entropy start / at 20% of steps / end; KL max and end; dead-group shares, truncation "
@@ -333,6 +402,22 @@ def _task_rows(rep):
             [[r.task, r.arm, r.k, _ci(r.mean, r.lo, r.hi, 1, 3), r.n] for r in rep.tasks.itertuples()])
 
 
+MULTITASK_NOTE = ("Final held-out pass@1 of every run on every task of the mixture, in points (Agarwal et al. 2021, "
+                  "rliable): mean and IQM over all run x task scores, and the optimality gap 100 - mean(min(score, "
+                  "100)) (lower is better); 95% stratified-bootstrap CIs (runs resampled within each task; not shown "
+                  "below 5 runs). The figure: the performance profile, the share of run x task scores above each "
+                  "threshold (a curve above another everywhere dominates it).")
+
+
+def _multitask_rows(rep):
+    rows = [[r.arm, r.n, r.tasks, _boot(r.mean, r.mean_lo, r.mean_hi, r.n, 100),
+             _boot(r.iqm, r.iqm_lo, r.iqm_hi, r.n, 100),
+             _boot(r.optimality_gap, r.optimality_gap_lo, r.optimality_gap_hi, r.n, 100)]
+            for r in rep.multitask.itertuples()]
+    return ["arm", "runs", "tasks", "mean [95% bootstrap CI]", "IQM [95% bootstrap CI]",
+            "optimality gap [95% bootstrap CI]"], rows
+
+
 def markdown(rep, title: str, meta: dict) -> str:
     p = [f"# {title}", "", f"Metric: `{rep.metric}` (final value per run, {rep.unit}); runs: "
          f"{', '.join(meta['paths'])}; generated {meta['generated']}. Figures: see the HTML report.", ""]
@@ -341,19 +426,25 @@ def markdown(rep, title: str, meta: dict) -> str:
         p += ["Change from the base model (final minus step-0 evaluation of the same run):", ""]
         p += [f"- {h}" for h in rep.base_lines] + [""]
     p += ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
-    p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)]
+    p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)] + [x + "\n" for x in band_lines(rep.bands)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
     p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
     p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])
     p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
     if rep.score_table is not None and len(rep.score_table):
         p += ["## Scores", "", SCORE_NOTE, "", _table(*_score_rows(rep), md=True)]
+    if rep.noise is not None and len(rep.noise):
+        p += ["## Eval noise", "", NOISE_NOTE, "", _table(*_noise_rows(rep), md=True)]
+        if len(rep.noise_contrasts):
+            p += [_table(*_noise_contrast_rows(rep), md=True)]
     if rep.scaling is not None and len(rep.scaling):
         p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _table(*_scaling_rows(rep), md=True)]
     if len(rep.passk):
         p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
     if rep.tasks is not None and len(rep.tasks):
         p += ["### Per task (task mixture)", "", _table(*_task_rows(rep), md=True)]
+    if rep.multitask is not None and len(rep.multitask):
+        p += ["### Across tasks (rliable)", "", MULTITASK_NOTE, "", _table(*_multitask_rows(rep), md=True)]
     if len(rep.diagnostics):
         p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
     if rep.samples:

@@ -4,8 +4,8 @@ plus a Markdown summary next to it.
     from ablate.analysis import build_report
     rep = build_report(["runs/clip_x_norm"], "reports/clip_x_norm.html", metric="eval/pass@1", x="tokens")
 
-Sections: headline, setup, warnings, ranking, factorial effects, curves, pass@k, diagnostics, samples,
-runs. docs/report.md explains every number.
+Sections: headline, setup, warnings, ranking, factorial effects, scores, eval noise, compute scaling,
+curves, pass@k, diagnostics, samples, runs. docs/report.md explains every number.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.analysis import diagnostics, effects, multiplicity, plots, render, stats
+from ablate.analysis import diagnostics, effects, evalnoise, multiplicity, multitask, plots, render, stats
 from ablate.analysis.design import arm_order
 from ablate.analysis.load import Study, load_study
 
@@ -56,6 +56,10 @@ class Report:
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
     tasks: pd.DataFrame | None = None              # task mixtures: final per-task held-out pass@k per arm
+    multitask: pd.DataFrame | None = None          # task mixtures: mean, IQM, optimality gap over runs x tasks
+    bands: list = field(default_factory=list)       # task.pass_rate_band: prompts kept, histograms (band_summaries)
+    noise: pd.DataFrame | None = None              # eval noise per arm (ablate.analysis.evalnoise.noise_tables)
+    noise_contrasts: pd.DataFrame | None = None    # per arm vs the reference, on the same held-out problems
 
 
 def default_metric(study: Study) -> str:
@@ -195,6 +199,31 @@ def task_table(study: Study, scores: pd.DataFrame, reps: int, seed: int, method:
     return pd.DataFrame(rows)
 
 
+def band_summaries(study: Study) -> list[dict]:
+    """One entry per distinct `task.pass_rate_band` cache the runs read: the band, the arms, the cache
+    file and (when it is found) ablate.train.difficulty.band_summary of its base-model pass rates."""
+    from ablate.train.difficulty import band_cache_of, band_summary
+
+    out: dict = {}
+    for arm, d in zip(study.runs["arm"], study.data):
+        band = (d.config.get("task") or {}).get("pass_rate_band")
+        if not band:
+            continue
+        try:
+            path = band_cache_of(d.config)
+        except (KeyError, TypeError, ValueError):
+            continue  # not a config ablate wrote
+        e = out.setdefault((str(path), tuple(band)), {"band": list(band), "arms": [], "cache": str(path), "summary": None,
+                                                      "n": d.config["eval"]["n_samples"]})
+        if arm not in e["arms"]:
+            e["arms"].append(arm)
+    for e in out.values():
+        p = Path(e["cache"])
+        if p.exists():
+            e["summary"] = band_summary(json.loads(p.read_text())["rates"], *e["band"])
+    return list(out.values())
+
+
 def arm_samples(study: Study, scores: pd.DataFrame, per_arm: int = 4) -> dict:
     """For each arm: sample completions from its first usable run, at its last logged step."""
     out = {}
@@ -285,6 +314,8 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         if len(study.factors) > 1 or (study.factors and len(study.factors[0].levels) > 1) else None
     rep.passk = passk_table(study, rep.scores, reps, seed, ci_method)
     rep.tasks = task_table(study, rep.scores, reps, seed, ci_method)
+    _, mats = multitask.task_matrices(study, rep.scores)
+    rep.multitask = multitask.aggregate_table(mats, reps, seed) if mats else None
     rep.diagnostics = diagnostics.arm_diagnostics(study, metric)
     rep.score_table = score_table(study, metric, reps, seed, ci_method, last_k)
     rep.gain = base_change(study, rep.scores, metric, reps, seed, ci_method)
@@ -298,8 +329,11 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         rep.warnings.append(f"--ci {ci_method} is a bootstrap: with fewer than {stats.MIN_BOOT_SEEDS} seeds per arm it "
                             "resamples the few seeds as if they were all and comes out too narrow; use --ci t")
     rep.warnings += diagnostics.warnings_for(study, rep.scores, metric, rep.diagnostics, rep.passk)
+    rep.noise, rep.noise_contrasts = evalnoise.noise_tables(study, rep.scores, reps, seed=seed)
+    rep.warnings += evalnoise.noise_lines(rep.noise_contrasts)
     rep.headline = headline(rep.effects, rep.arms, scale, unit, adjust)
     rep.samples = arm_samples(study, rep.scores)
+    rep.bands = band_summaries(study)
     inc = rep.scores[rep.scores["included"]]
     if fit is not None and metric in study.evals.columns and len(inc):
         from ablate.analysis import scaling
@@ -327,6 +361,11 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         if len(rep.passk):
             pk = rep.passk.assign(mean=rep.passk["mean"] * 100, lo=rep.passk["lo"] * 100, hi=rep.passk["hi"] * 100)
             rep.figures["passk"] = plots.to_base64(plots.passk_figure(pk, arms, "pass@k (held-out, points)"))
+        if any(e["summary"] for e in rep.bands):
+            rep.figures["bands"] = plots.to_base64(plots.band_figure([e for e in rep.bands if e["summary"]]))
+        if mats:
+            rep.figures["profiles"] = plots.to_base64(plots.profile_figure(multitask.profiles(mats, reps=reps, seed=seed),
+                                                                           arms))
         if rep.effects is not None and len(rep.effects):
             e = rep.effects.assign(estimate=rep.effects.estimate * scale, lo=rep.effects.lo * scale,
                                    hi=rep.effects.hi * scale)
@@ -346,4 +385,7 @@ def report_json(rep: Report) -> str:
     return json.dumps({"metric": rep.metric, "score": rep.score, "adjust": rep.adjust, "base_change": rep.base_lines,
                        "headline": rep.headline, "warnings": rep.warnings,
                        "arms": rep.arms.to_dict("records"),
-                       "effects": [] if rep.effects is None else rep.effects.to_dict("records")}, default=str)
+                       "effects": [] if rep.effects is None else rep.effects.to_dict("records"),
+                       "eval_noise": [] if rep.noise is None else rep.noise.to_dict("records"),
+                       "eval_noise_contrasts": [] if rep.noise_contrasts is None else
+                       rep.noise_contrasts.to_dict("records")}, default=str)

@@ -9,6 +9,11 @@ planted interactions + a per-seed offset (shared by every arm: same seed = same 
 With `scaling=(B, C_mid)` the held-out curve is instead the ScaleRL sigmoid in generated tokens,
 R(C) = 0.1 + (A - 0.1) / (1 + (C_mid / C)^B), whose ceiling A is that planted value (plus
 `eval_noise` per evaluation): for the compute-scaling fit.
+
+With `problems=M`, every run also writes per-problem counts of its last evaluation (eval_problems.jsonl,
+`repeats` rows): problem m of a run with final pass@1 f is solved with probability clip(f + b_m, 0, 1),
+b_m ~ N(0, problem_sd) drawn once per sweep (one held-out set shared by every run), and each of the
+`problem_n` samples of each repeat is a Bernoulli draw: planted seed, problem and sampling noise.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ def _nest(flat: dict) -> dict:
             d = d.setdefault(h, {})
         d[last] = v
     return out
+
+
+def write_eval_problems(run_dir: Path, step: int, counts, n: int, problems: list | None = None) -> None:
+    """eval_problems.jsonl rows of one evaluation: counts (repeats, M) correct out of n per problem."""
+    counts = np.atleast_2d(np.asarray(counts, dtype=int))
+    ids = problems or [f"p{m}" for m in range(counts.shape[1])]
+    with open(Path(run_dir) / "eval_problems.jsonl", "a") as f:
+        for r, c in enumerate(counts):
+            f.write(json.dumps({"step": step, "repeat": r, "n": n, "problems": ids, "correct": c.tolist()}) + "\n")
 
 
 def write_run(run_dir: Path, config: dict, final: float, steps: int, rng: np.random.Generator, state="completed",
@@ -93,7 +107,8 @@ def write_run(run_dir: Path, config: dict, final: float, steps: int, rng: np.ran
 def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, interactions: dict | None = None,
                 base: float = 0.5, seed_sd: float = 0.02, noise: float = 0.0, steps: int = 100, eval_every: int = 25,
                 manifest: bool = True, name: str = "synthetic", fail: tuple = (), rng_seed: int = 0,
-                samples: bool = True, scaling: tuple | None = None, eval_noise: float = 0.0) -> list[Path]:
+                samples: bool = True, scaling: tuple | None = None, eval_noise: float = 0.0, problems: int = 0,
+                problem_n: int = 8, repeats: int = 1, problem_sd: float = 0.1) -> list[Path]:
     """A full grid x seeds; `effects`: key -> effect of its non-first values; `interactions`:
     (key1, key2) -> extra effect when both are at their non-first value. `fail`: (combo index, seed)
     pairs written as failed half-way. Returns the run folders."""
@@ -101,6 +116,7 @@ def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, i
     effects, interactions = effects or {}, interactions or {}
     rng = np.random.default_rng(rng_seed)
     seed_off = {s: rng.normal(0, seed_sd) for s in seeds}
+    b = rng.normal(0, problem_sd, problems)  # per-problem difficulty, shared by every run
     keys = list(grid)
     dirs, entries = [], {}
     for ci, combo in enumerate(itertools.product(*grid.values())):
@@ -114,9 +130,14 @@ def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, i
             cfg = {"run_id": rid, **_nest(flat)}
             failed = (ci, s) in fail
             d = root / rid
-            write_run(d, cfg, mu + seed_off[s] + rng.normal(0, noise) if noise else mu + seed_off[s], steps, rng,
-                      state="failed" if failed else "completed", stop_at=steps // 2 if failed else None,
-                      eval_every=eval_every, samples=samples, scaling=scaling, eval_noise=eval_noise)
+            f = mu + seed_off[s] + rng.normal(0, noise) if noise else mu + seed_off[s]
+            write_run(d, cfg, f, steps, rng, state="failed" if failed else "completed",
+                      stop_at=steps // 2 if failed else None, eval_every=eval_every, samples=samples, scaling=scaling,
+                      eval_noise=eval_noise)
+            if problems:
+                last = (steps // 2 if failed else steps) // eval_every * eval_every
+                write_eval_problems(d, last, rng.binomial(problem_n, np.clip(f + b, 0, 1), (repeats, problems)),
+                                    problem_n)
             dirs.append(d)
             entries[rid] = {"arm": None, "seed": s, "toggles": dict(zip(keys, combo)), "steps": steps, "jobs": []}
     if manifest:

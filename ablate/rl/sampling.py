@@ -12,8 +12,10 @@ Three policies meet in an RL step (docs/offpolicy.md):
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -80,3 +82,13 @@ def draw(logits: Tensor, temperature: float, greedy: bool) -> tuple[Tensor, Tens
     tok = torch.multinomial(probs, 1).squeeze(-1)
     logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return tok, logp
+
+
+@contextmanager
+def keyed_stream(*key: int):
+    """Draws inside come from torch's global generator seeded from `key` (e.g. (seed, step, repeat, row));
+    outside, the global stream (CPU and every CUDA device) is exactly as if nothing had been drawn."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> 1))
+        yield

@@ -6,6 +6,8 @@
     metrics.jsonl     one line per optimizer step: {"step": s, "train/...": v, "perf/...": v}
     evals.jsonl       one line per held-out evaluation: {"step": s, "eval/...": v}
     samples.jsonl     sample completions: {"step", "split", "prompt", "completion", "reward", ...}
+    eval_problems.jsonl  one line per held-out evaluation pass (eval.repeats per evaluation):
+                      {"step", "repeat", "n", "problems": [id, ...], "correct": [count, ...]}
     checkpoint.pt     trainer state for resuming (atomic replace): tensors plus a JSON document, read with
                       torch's tensor-only loader, so a crafted file on a shared file system cannot run code
 
@@ -29,7 +31,7 @@ import yaml
 
 from ablate.config import RunConfig, run_id, to_dict
 
-LOGS = ("metrics", "evals", "samples")
+LOGS = ("metrics", "evals", "samples", "eval_problems")
 STATES = ("running", "completed", "failed", "diverged", "cancelled", "pruned")
 CHECKPOINT = "checkpoint.pt"
 RUN_FILES = ("status.json", "provenance.json", CHECKPOINT, *(f"{log}.jsonl" for log in LOGS))

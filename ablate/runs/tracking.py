@@ -153,6 +153,8 @@ class WandbMirror:
     # store interface
     def append(self, log: str, row: dict) -> None:
         with self._finish_on_error():
+            if log == "eval_problems":
+                return  # per-problem counts stay in the local run store
             step = row["step"]
             if step <= self.last_step:  # a resumed run re-logs the steps after its checkpoint: W&B has them
                 return

@@ -18,21 +18,41 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate.config import RunConfig, to_dict
+from ablate.config import RunConfig, Schedule, build_section, to_dict
 from ablate.rl.schedules import value_at
 from ablate.tasks import make_task, score_batch
 from ablate.tasks.base import Problem
 
 
 def cache_path(cfg: RunConfig, n: int, temperature: float) -> Path:
-    task = {k: v for k, v in to_dict(cfg.task).items() if k != "pass_rate_band"}
-    blob = json.dumps({"model": cfg.model.path, "task": task, "n": n, "temperature": float(temperature)},
-                      sort_keys=True)
+    return _cache_file(cfg.model.path, to_dict(cfg.task), n, temperature)
+
+
+def _cache_file(model: str, task: dict, n: int, temperature: float) -> Path:
+    task = {k: v for k, v in task.items() if k != "pass_rate_band"}
+    blob = json.dumps({"model": model, "task": task, "n": n, "temperature": float(temperature)}, sort_keys=True)
     root = Path(os.environ.get("ABLATE_CACHE", ".cache/ablate"))
     return root / "difficulty" / f"{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+
+
+def band_cache_of(config: dict) -> Path:
+    """The cache file `task.pass_rate_band` of a run read, from its config.yaml (a dict: no torch, no
+    validation, so a report can locate it on a machine without the model)."""
+    temp = config["recipe"]["temperature"]
+    if isinstance(temp, dict):
+        temp = value_at(build_section(Schedule, temp, "recipe.temperature", None), 1)
+    return _cache_file(config["model"]["path"], config["task"], config["eval"]["n_samples"], float(temp))
+
+
+def band_summary(rates: dict[str, float], lo: float, hi: float) -> dict:
+    """The band's effect on the training prompts (pure): totals and the pass-rate histogram (10 bins)
+    of every prompt and of the prompts kept."""
+    values = list(rates.values())
+    kept = [r for r in values if lo <= r <= hi]
+    return {"band": [lo, hi], "total": len(values), "kept": len(kept), "before": histogram(values),
+            "after": histogram(kept)}
 
 
 def band_defaults(cfg: RunConfig) -> tuple[int, float]:
@@ -40,13 +60,27 @@ def band_defaults(cfg: RunConfig) -> tuple[int, float]:
     return cfg.eval.n_samples, float(value_at(cfg.recipe.temperature, 1))
 
 
-@torch.no_grad()
 def estimate(cfg: RunConfig, n: int, temperature: float, progress: bool = True, chunk: int = 64,
              policy=None, task=None) -> tuple[dict[str, float], Path]:
     """{train problem id: pass rate of n samples}, from the cache when present; and the cache file."""
     path = cache_path(cfg, n, temperature)
     if path.exists():
         return json.loads(path.read_text())["rates"], path
+    import torch  # here only: locating and reading the cache (the report) needs no torch
+
+    with torch.no_grad():
+        rates = _sample_rates(cfg, n, temperature, progress, chunk, policy, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"model": cfg.model.path, "task": to_dict(cfg.task), "n": n,
+                               "temperature": temperature, "rates": rates}))
+    tmp.replace(path)
+    return rates, path
+
+
+def _sample_rates(cfg: RunConfig, n: int, temperature: float, progress: bool, chunk: int, policy, task):
+    import torch
+
     from ablate.train.trainer import build_policy, resolve_device
 
     torch.manual_seed(cfg.seed)
@@ -67,12 +101,7 @@ def estimate(cfg: RunConfig, n: int, temperature: float, progress: bool = True, 
             for p, row in zip(probs, (scores.view(len(probs), n) >= 1).float().mean(1).tolist()):
                 rates[p.id] = row
             bar.update(job, advance=len(probs))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"model": cfg.model.path, "task": to_dict(cfg.task), "n": n,
-                               "temperature": temperature, "rates": rates}))
-    tmp.replace(path)
-    return rates, path
+    return rates
 
 
 def histogram(rates: list[float], bins: int = 10) -> list[int]:

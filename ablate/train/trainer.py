@@ -12,6 +12,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,7 @@ from ablate.rl import losses, stats
 from ablate.rl.advantages import compute_advantages
 from ablate.rl.divergence import Diverged, check_finite, check_parameters, overflow_is_divergence
 from ablate.rl.rewards import format_weight_at, overlong_penalty
-from ablate.rl.sampling import Rollout
+from ablate.rl.sampling import Rollout, keyed_stream
 from ablate.rl.schedules import at_step
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
@@ -294,8 +295,12 @@ SUMMED = ("loss", "loss_policy", "loss_kl", "loss_entropy")  # aggregated terms:
 # --- evaluation ------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, chunk: int = 64):
-    """Held-out pass@k (strict verifier, n samples at eval temperature), greedy accuracy, samples."""
+def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, chunk: int = 64, step: int = 0,
+             repeat: int = 0):
+    """Held-out pass@k (strict verifier, n samples at eval temperature), greedy accuracy, samples, and the
+    correct count of each problem ([M]). Repeat 0 samples from the global stream, as always; repeat r > 0
+    (eval.repeats) from a stream keyed by (seed, step, r, first row) that leaves the global one untouched,
+    so training never depends on eval.repeats."""
     e, n = cfg.eval, cfg.eval.n_samples
     counts, rewards, lengths, greedy, samples, answers, oks = [], [], [], [], [], [], []
     # maj@k votes over the task's extracted answers; a task without `extract` votes on the verifier
@@ -304,7 +309,8 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
     for start in range(0, len(heldout), chunk):
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
-        ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
+        with nullcontext() if repeat == 0 else keyed_stream(cfg.seed, step, repeat, start):
+            ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
         scores = torch.tensor(score_batch(task, [p for p in probs for _ in range(n)], ro.texts, train=False)
                               ).view(len(probs), n)
         counts += (scores >= 1).sum(1).tolist()
@@ -332,7 +338,18 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
     })
     if hasattr(policy, "exact_pass1"):
         row["eval/pass@1_exact"] = policy.exact_pass1(heldout)
-    return row, samples
+    return row, samples, counts
+
+
+def evaluate_repeats(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, step: int):
+    """`eval.repeats` evaluations: their mean row (one repeat: its row as is), the samples of repeat 0, and
+    one `eval_problems` row per repeat (docs/run-folders.md): every problem's correct count out of n."""
+    done = [evaluate(policy, task, heldout, cfg, tokenizer, step=step, repeat=r) for r in range(cfg.eval.repeats)]
+    rows, ids = [row for row, _, _ in done], [p.id for p in heldout]
+    problems = [{"repeat": r, "n": cfg.eval.n_samples, "problems": ids, "correct": counts}
+                for r, (_, _, counts) in enumerate(done)]
+    mean = rows[0] if len(rows) == 1 else {k: float(np.mean([x[k] for x in rows])) for k in rows[0]}
+    return mean, done[0][1], problems
 
 
 # --- logging helpers -------------------------------------------------------------------------------
@@ -443,7 +460,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         store.note_resume(step)
     else:
         store.truncate_after(-1)
-        log_eval(store, 0, *evaluate(policy, task, heldout, at_step(cfg, 0), tokenizer), None)
+        ev, samples, problems = evaluate_repeats(policy, task, heldout, at_step(cfg, 0), tokenizer, 0)
+        log_eval(store, 0, ev, samples, None, problems)
 
     engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
@@ -537,9 +555,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                        "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9)}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
-                    ev, samples = evaluate(policy, task, heldout, cfg_t, tokenizer)
+                    ev, samples, problems = evaluate_repeats(policy, task, heldout, cfg_t, tokenizer, step)
                     samples += train_samples(task, batch, rewards, adv_row, cfg, tokenizer)
-                    log_eval(store, step, ev, samples, float(np.mean(since_eval)))
+                    log_eval(store, step, ev, samples, float(np.mean(since_eval)), problems)
                     since_eval = []
                     if should_prune is not None and step < cfg.steps and should_prune(step, ev):
                         store.set_status("pruned", step)
@@ -553,9 +571,12 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     return "completed"
 
 
-def log_eval(store: RunStore, step: int, row: dict, samples: list[dict], train_reward: float | None) -> None:
+def log_eval(store: RunStore, step: int, row: dict, samples: list[dict], train_reward: float | None,
+             problems: list[dict] = ()) -> None:
     if train_reward is not None:
         row = {**row, "eval/train_minus_heldout_reward": train_reward - row["eval/reward_mean"]}
     store.append("evals", {"step": step, **row})
     for s in samples:
         store.append("samples", {"step": step, **s})
+    for q in problems:
+        store.append("eval_problems", {"step": step, **q})
