@@ -102,6 +102,17 @@ STEP_METRICS.update({
     "train/terminated_len_mean": "mean length of the completions that ended with EOS (NaN if every completion was truncated)",
 })
 
+# PPO's learned critic (`recipe.adv_whiten: gae`, ablate/train/critic.py); V_old = the critic's values of the
+# rollout before this step's fit, R = GAE returns (A + V_old), both over the tokens the loss counts
+STEP_METRICS.update({
+    "critic/value_loss": "clipped value loss 1/2 max((V - R)^2, (V_clip - R)^2), token mean, before `recipe.vf_coef`; mean over the step's critic minibatch updates",
+    "critic/clipfrac": "share of tokens whose clipped value term (V_clip = V_old +- `recipe.value_clip`) is the larger one, mean over critic minibatch updates",
+    "critic/explained_variance": "1 - Var(R - V_old) / Var(R) over tokens (1 perfect, 0 a constant, < 0 worse; NaN when the returns do not vary)",
+    "critic/value_mean": "mean V_old over tokens",
+    "critic/return_mean": "mean GAE return R over tokens",
+    "critic/grad_norm": "global gradient norm of the value model before clipping (`optim.grad_clip`), mean over critic minibatch updates",
+})
+
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
     "eval/maj@{k}": "held-out majority vote: share of problems whose most frequent extracted answer among the first k samples is correct (tasks without answer extraction vote on the verifier outcome: all correct samples count as one answer, each distinct wrong text as another)",

@@ -30,6 +30,7 @@ from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
 from ablate.train import execution, offpolicy, preemption, recipes
+from ablate.train.critic import build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
 from ablate.train.models import load_weights, trained_weights
@@ -427,6 +428,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     pending = offpolicy.Pending()  # sampled batches not yet trained on: the staleness FIFO (k deep)
 
     ckpt = store.load_checkpoint(run_id(cfg))
+    critic = build_critic(cfg, policy, ckpt)  # PPO's value model (recipe.adv_whiten='gae'), else None
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
         load_weights(policy.module, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -458,7 +460,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.state_dict(),
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending),
-            "kl_state": kl_state.state_dict(), **({"ref": ref.module.state_dict()} if r.ref_reset_every else {})},
+            "kl_state": kl_state.state_dict(), **({"ref": ref.module.state_dict()} if r.ref_reset_every else {}),
+            **critic_state(critic)},
             run_id(cfg))
 
     with bar, preemption.guard(save_checkpoint):
@@ -502,8 +505,11 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 off = offpolicy.step_metrics(old_logp, batch.rollout.behav_logp, loss_mask, is_weights, kept.bool(),
                                              is_stats, lag=step - 1 - version)
                 loss_mask = kept
-                adv = recipes.shape_advantages(
-                    recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask, kl_state.coef), r)
+                # token-level advantages: whitened (recipe.adv_whiten), or GAE from the critic after fitting it
+                adv, critic_row = critic.step(batch.rollout, batch.rewards, kl_tok, kl_state.coef, loss_mask, cfg_t,
+                                              step) if critic else \
+                    (recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask, kl_state.coef), {})
+                adv = recipes.shape_advantages(adv, r)
                 # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
                     up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
@@ -534,7 +540,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                        "perf/reward_seconds": batch.reward_seconds,
                        "perf/logprob_seconds": t2 - t1, "perf/update_seconds": t3 - t2,
                        "perf/gen_tokens_per_s": float(lengths.sum()) / max(batch.generate_seconds, 1e-9),
-                       "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9)}
+                       "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9),
+                       **critic_row}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
                     ev, samples = evaluate(policy, task, heldout, cfg_t, tokenizer)
