@@ -71,6 +71,21 @@ def test_gae_carries_across_masked_tokens_and_padding():
     assert_close(adv_g[m], torch.tensor(expect, dtype=f64), atol=1e-12, rtol=0)
 
 
+def test_gae_with_a_zero_critic_and_lambda_one_is_reinforce_pp():
+    """Conformance with the REINFORCE++ estimator: V = 0, gamma = lambda = 1 gives the reward-to-go returns,
+    and whitened, exactly REINFORCE++'s advantages (same token rewards, same whitening)."""
+    from ablate.rl.advantages import reinforce_pp_advantages, token_returns
+
+    g = torch.Generator().manual_seed(0)
+    m = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    kl, R = torch.randn(4, 4, generator=g, dtype=f64), torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=f64)
+    tr = outcome_token_rewards(R, m, kl, 0.1)
+    adv, ret = gae(tr, torch.zeros(4, 4, dtype=f64), m, gamma=1.0, lam=1.0)
+    assert_close(adv, token_returns(tr, m), atol=1e-12, rtol=0)
+    assert_close(ret, adv, atol=0, rtol=0)
+    assert_close(whiten(adv, m, ddof=0), reinforce_pp_advantages(R, m, kl, 0.1, ddof=0), atol=1e-12, rtol=0)
+
+
 def test_outcome_token_rewards_put_the_reward_last_and_the_kl_everywhere():
     m = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
     kl = torch.tensor([[0.1, -0.05, 0.2, 9.0], [0.3, 0.0, 9.0, 9.0]], dtype=f64)
@@ -166,15 +181,20 @@ def test_ppo_does_not_depend_on_micro_batches(tmp_path):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
 
 
-def test_ppo_on_the_tiny_model(tmp_path):
+def test_ppo_on_the_tiny_model_runs_and_resumes(tmp_path, monkeypatch):
+    """The value model is a copy of the policy with a scalar head; its weights and AdamW state are in the
+    checkpoint, and a run resumed from it repeats the uninterrupted one."""
     cfg = parse({"preset": "ppo", "tracking": {"wandb": {"mode": "disabled"}},
                  "task": {"num_train": 64, "num_heldout": 8, "digits": [1], "operators": ["+"]},
                  "prompts_per_step": 4, "steps": 3, "checkpoint_every": 2, "device": "cpu",
                  "eval": {"every": 0, "n_samples": 2, "ks": [1, 2]},
                  "recipe": {"group_size": 2, "max_new_tokens": 6, "minibatches": 2}})
-    store = run(cfg, tmp_path)
-    rows = store.read("metrics")
+    whole = run(cfg, tmp_path / "whole")
+    rows = whole.read("metrics")
     assert len(rows) == 3 and rows[0]["critic/value_mean"] == 0.0  # zero-initialised head
     assert rows[-1]["critic/value_mean"] != 0.0 and rows[-1]["train/reward_kl_mean"] != 0.0
-    ckpt = store.load_checkpoint()
+    ckpt = whole.load_checkpoint()
     assert {"trunk", "head"} <= set(ckpt["critic"]["weights"]) and ckpt["critic"]["optimizer"]["state"]
+    crash_training_at(monkeypatch, cfg, tmp_path / "resumed", step=3)
+    resumed = run(cfg, tmp_path / "resumed")
+    assert strip_timing(resumed.read("metrics")) == strip_timing(rows)
