@@ -211,24 +211,36 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
 def sequence_logprobs(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256) -> torch.Tensor:
     """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad, in micro-batches of
     at most `budget` tokens (0: `chunk` rows at a time); 0 after each completion's end."""
+    return sequence_scores(policy, rollout, temperature, budget, chunk)[0]
+
+
+@torch.no_grad()
+def sequence_scores(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` and, with `entropy`, the per-token entropies [N, T] of the same forward (else None)."""
     N, T = rollout.completion_ids.shape
-    out = None
+    out = ent = None
     for idx, sub in execution.micro_batches(rollout, torch.arange(N), budget, max_rows=chunk):
-        logp, _ = execution.token_scores(policy, sub, temperature)  # [n, t], t <= T
+        logp, h = execution.token_scores(policy, sub, temperature, "value" if entropy else "none")  # [n, t], t <= T
         out = logp.new_zeros(N, T) if out is None else out
         out[idx.to(out.device), :logp.shape[1]] = logp
-    return out
+        if entropy:
+            ent = h.new_zeros(N, T) if ent is None else ent
+            ent[idx.to(ent.device), :h.shape[1]] = h
+    return out, ent
 
 
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
            optimizer, cfg: RunConfig, step: int = 0, kl_coef: float | None = None,
-           is_weights: torch.Tensor | None = None) -> dict[str, float]:
+           is_weights: torch.Tensor | None = None, selected: torch.Tensor | None = None) -> dict[str, float]:
     """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style), each
     accumulated over micro-batches of at most `compute.micro_batch_tokens` tokens. Every aggregation's
     normaliser belongs to the whole minibatch, so the accumulated gradient is the one-pass gradient.
-    `is_weights` [N,T] multiply the per-token policy loss (behaviour -> old correction, rl/corrections.py)."""
+    `is_weights` [N,T] multiply the per-token policy loss (behaviour -> old correction, rl/corrections.py);
+    `selected` [N,T] are the tokens `token_selection` keeps (fixed for the step; None = all). Batch-level
+    selections (top-entropy, Clip-Cov / KL-Cov) never depend on the micro-batch split."""
     r = cfg.recipe
     kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
@@ -242,16 +254,21 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             optimizer.zero_grad(set_to_none=True)
             whole_mask = loss_mask[idx]
             parts, scores = [], []  # per micro-batch: logged values; detached token scores
-            for mb, sub in execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens):
+            micro = list(execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens))
+            cov_sel = recipes.covariance_selection(r, loss_params, policy, micro, old_logp, adv, loss_mask)
+            for mb, sub in micro:
                 logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
                 check_finite("log-probabilities (logits)", logp)
                 t = logp.shape[1]
                 mask = loss_mask[mb, :t]
                 old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
                 a = adv[mb] if adv.dim() == 1 else adv[mb, :t]  # [n] or per token [n, t] (REINFORCE++)
-                weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None)
+                keep = selected[mb, :t] if selected is not None else None
+                weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None,
+                                              keep)
                 loss_policy, clip = loss_fn(logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens,
-                                            **loss_params, **weight)
+                                            **loss_params, **weight,
+                                            **({"selected": cov_sel[mb, :t]} if cov_sel is not None else {}))
                 if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
                     loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
                         logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
@@ -262,8 +279,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                     if r.kl_placement == "loss":
                         loss = loss + kl_coef * kl
                 entropy = agg(ent_tok, mask, r.max_new_tokens)
-                if r.entropy_coef:
-                    loss = loss - r.entropy_coef * entropy
+                if r.entropy_coef:  # with token selection the bonus is on the kept tokens (same denominators)
+                    bonus = entropy if keep is None else agg(ent_tok * keep, mask, r.max_new_tokens)
+                    loss = loss - r.entropy_coef * bonus
                 if not torch.isfinite(loss):
                     raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
                 w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
@@ -486,7 +504,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 t1 = time.perf_counter()
                 # 2. old (pi_old, recomputed now: the PPO anchor) and reference log-probs
                 budget = cfg.compute.micro_batch_tokens
-                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature, budget)
+                old_logp, old_ent = sequence_scores(policy, batch.rollout, r.temperature, budget,
+                                                    entropy=recipes.needs_entropies(r))  # old_ent: top-entropy
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature, budget) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
@@ -513,7 +532,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
                     up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
-                                optimizer, cfg_t, step, kl_state.coef, is_weights)
+                                optimizer, cfg_t, step, kl_state.coef, is_weights,
+                                recipes.select_tokens(r, old_ent, loss_mask))
                     check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
