@@ -39,7 +39,7 @@ STEP_METRICS: dict[str, str] = {
     "train/loss": "total loss (mean over the step's minibatch updates)",
     "train/loss_policy": "clipped surrogate policy loss",
     "train/loss_kl": "KL term before the coefficient, aggregated like the policy loss (measured whenever KL is on; added to the loss only with `recipe.kl_placement=loss`)",
-    "train/loss_entropy": "entropy term of the loss, before the coefficient",
+    "train/loss_entropy": "mean entropy over the counted tokens, aggregated like the policy loss (the entropy bonus before its coefficient; with `recipe.token_selection=top_entropy` the bonus uses the kept tokens only)",
     "train/grad_norm": "global gradient norm before clipping (mean over minibatch updates)",
     "train/lr": "learning rate of the step",
     # online data policy (`recipe.data_policy`)
