@@ -56,7 +56,7 @@ def test_cov_losses_split_by_rows_with_the_whole_batch_selection(name, params):
 
 def toy(*overrides):
     return load("configs/toy.yaml", ["tracking.wandb.mode=disabled", "recipe.minibatches=2", "recipe.update_epochs=2",
-                                     "steps=3", "eval.every=0", *overrides])
+                                     "prompts_per_step=4", "steps=3", "eval.every=0", *overrides])
 
 
 def metrics(cfg, path):
@@ -77,7 +77,7 @@ def test_selections_do_not_depend_on_micro_batches(tmp_path, arm):
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
     if "kl_cov" in arm[0] or "clip_cov" in arm[0]:
-        assert all(0 < r["train/cov_select_frac"] < 0.2 for r in whole)
+        assert all(0 < r["train/cov_select_frac"] < 0.25 for r in whole)
 
 
 def test_top_entropy_mask_is_fixed_for_the_step(tmp_path, monkeypatch):
@@ -92,7 +92,7 @@ def test_top_entropy_mask_is_fixed_for_the_step(tmp_path, monkeypatch):
 
     monkeypatch.setattr(losses, "top_entropy_mask", counted)
     metrics(toy("recipe.token_selection=top_entropy", "compute.micro_batch_tokens=6"), tmp_path)
-    assert calls == [(128, 2)] * 3  # whole rollout (16 prompts x 8), once per step
+    assert calls == [(32, 2)] * 3  # the whole rollout (4 prompts x 8), once per step
 
 
 def _toy_update(selected, entropy_coef):
