@@ -184,12 +184,17 @@ def test_ppo_does_not_depend_on_micro_batches(tmp_path):
 def test_ppo_on_the_tiny_model_runs_and_resumes(tmp_path, monkeypatch):
     """The value model is a copy of the policy with a scalar head; its weights and AdamW state are in the
     checkpoint, and a run resumed from it repeats the uninterrupted one."""
-    cfg = parse({"preset": "ppo", "tracking": {"wandb": {"mode": "disabled"}},
-                 "task": {"num_train": 64, "num_heldout": 8, "digits": [1], "operators": ["+"]},
-                 "prompts_per_step": 4, "steps": 3, "checkpoint_every": 2, "device": "cpu",
-                 "eval": {"every": 0, "n_samples": 2, "ks": [1, 2]},
-                 "recipe": {"group_size": 2, "max_new_tokens": 6, "minibatches": 2}})
+    def lm(preset, steps):
+        return parse({"preset": preset, "tracking": {"wandb": {"mode": "disabled"}},
+                      "task": {"num_train": 64, "num_heldout": 8, "digits": [1], "operators": ["+"]},
+                      "prompts_per_step": 4, "steps": steps, "checkpoint_every": 2, "device": "cpu",
+                      "eval": {"every": 0, "n_samples": 2, "ks": [1, 2]},
+                      "recipe": {"group_size": 2, "max_new_tokens": 6, "minibatches": 2}})
+
+    cfg = lm("ppo", 3)
     whole = run(cfg, tmp_path / "whole")
+    grpo = run(lm("grpo", 1), tmp_path / "grpo")
+    assert whole.read("evals")[0] == grpo.read("evals")[0]  # building the critic draws nothing: paired arms
     rows = whole.read("metrics")
     assert len(rows) == 3 and rows[0]["critic/value_mean"] == 0.0  # zero-initialised head
     assert rows[-1]["critic/value_mean"] != 0.0 and rows[-1]["train/reward_kl_mean"] != 0.0

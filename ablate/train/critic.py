@@ -69,9 +69,12 @@ class LMValues(nn.Module):
         self.trunk = copy.deepcopy(policy.module)
         self.scorer = LMPolicy(self.trunk, policy.tokenizer, policy.device, policy.autocast_dtype)
         hidden = self.trunk.config.get_text_config().hidden_size
-        self.head = nn.Linear(hidden, 1, device=policy.device)  # fp32 head; zero init: V = 0 at the start
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        # fp32 head, zero init (V = 0 at the start); skip_init: no draw from the global RNG, so the run's
+        # sampling stream (and its step-0 evaluation) is the one every other arm of the seed sees
+        self.head = nn.utils.skip_init(nn.Linear, hidden, 1, device=policy.device)
+        with torch.no_grad():
+            self.head.weight.zero_()
+            self.head.bias.zero_()
 
     def forward(self, rollout: Rollout) -> Tensor:
         h = self.scorer.features(rollout)  # [n, T, H]
