@@ -35,7 +35,7 @@ ISCorrection = Literal["none", "tis", "mis", "icepop", "seq_tis", "seq_mis", "se
 PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
 TokenSelection = Literal["all", "top_entropy"]
 RewardMode = Literal["verifier", "random", "inverted"]
-AdvWhiten = Literal["none", "token", "token_returns"]
+AdvWhiten = Literal["none", "token", "token_returns", "gae"]
 # policy losses that take recipe.ratio_level (the others define their own ratio or have none)
 RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
 DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling", "prioritized", "curriculum"]
@@ -201,6 +201,14 @@ class RecipeConfig:
     retire_threshold: float = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
     priority_smoothing: float = 0.1   # prioritized: p(i) ~ 1 - s_i + smoothing
     curriculum_start: float = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
+    # PPO with a learned critic (adv_whiten='gae', ablate/train/critic.py): GAE(gamma, lambda) over token
+    # rewards (outcome reward at the end, per-token KL when kl_placement='reward'), whitened; the value
+    # model (a copy of the policy with a scalar head; a table on the toy) trains on its own AdamW
+    gae_gamma: float = 1.0
+    gae_lambda: float = 0.95
+    value_clip: float | None = 0.2   # |V - V_old| clip of the value loss (null = unclipped)
+    vf_coef: float = 0.1             # coefficient of the value loss
+    critic_lr: float | None = None   # the value model's learning rate (null = optim.lr)
 
 
 @dataclass(frozen=True)
@@ -317,6 +325,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # here: token_mean is the nearest; logits are always upcast to fp32 for log-probs.
     "scalerl": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="batch", loss_agg="token_mean",
                     dynamic_sampling=True, max_gen_rounds=1, kl_coef=0.0),
+    # Schulman et al. 2017, PPO (arXiv 1707.06347), as RLHF trainers run it (Ouyang et al. 2022; TRL's PPO
+    # defaults): a learned critic, GAE gamma 1 lambda 0.95 whitened over tokens, value clip 0.2, value-loss
+    # coefficient 0.1, k1 KL per token in the reward, token-mean loss, 4 minibatches per rollout.
+    "ppo": dict(baseline="none", scale="none", adv_whiten="gae", gae_gamma=1.0, gae_lambda=0.95, value_clip=0.2,
+                vf_coef=0.1, loss_agg="token_mean", eps_low=0.2, eps_high=0.2, kl_coef=0.05, kl_estimator="k1",
+                kl_placement="reward", minibatches=4),
     # Rejection-sampling fine-tuning (RAFT, Dong et al. 2023; Xiong et al. 2025): SFT on rewarded samples.
     "raft": dict(policy_loss="raft", baseline="none", scale="none", kl_coef=0.0),
 }
@@ -647,6 +661,16 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.adv_whiten='token_returns' whitens raw returns: needs recipe.baseline='none' and recipe.scale='none'")
     check(r.adv_whiten != "token_returns" or r.kl_coef == 0 or r.kl_placement == "reward",
           "recipe.adv_whiten='token_returns' puts the KL in the token rewards: needs recipe.kl_placement='reward'")
+    check(r.adv_whiten != "gae" or (r.baseline == "none" and r.scale == "none"),
+          "recipe.adv_whiten='gae': the critic is the baseline; needs recipe.baseline='none' and recipe.scale='none'")
+    check(r.adv_whiten != "gae" or r.kl_coef == 0 or r.kl_placement == "reward",
+          "recipe.adv_whiten='gae' puts the KL in the token rewards: needs recipe.kl_placement='reward'")
+    check(r.adv_whiten != "gae" or r.policy_loss != "raft",
+          "recipe.adv_whiten='gae' gives token-level advantages; recipe.policy_loss='raft' trains on rewarded samples")
+    check(0 <= r.gae_gamma <= 1 and 0 <= r.gae_lambda <= 1, "recipe.gae_gamma and recipe.gae_lambda must be in [0, 1]")
+    check(r.value_clip is None or r.value_clip > 0, "recipe.value_clip must be > 0 (or null for unclipped)")
+    check(r.vf_coef > 0, "recipe.vf_coef must be > 0")
+    check(r.critic_lr is None or r.critic_lr > 0, "recipe.critic_lr must be > 0 (or null for optim.lr)")
     check(r.adv_whiten == "none" or r.policy_loss != "gmpo",
           "recipe.adv_whiten gives token-level advantages; recipe.policy_loss='gmpo' needs one per completion")
     check(r.ref_reset_every >= 0, "recipe.ref_reset_every must be >= 0 (0 = never)")

@@ -143,7 +143,7 @@ CASES = [
     ("spec-base-config-missing", {"s.yaml": spec()}, ["sweep", "plan", "s.yaml"], ["s.yaml", "base.config", "no such config file"]),
     ("spec-base-config-duplicate", {"toy.yaml": TOY + "steps: 3\n", "s.yaml": spec()}, ["sweep", "plan", "s.yaml"],
      ["toy.yaml", "duplicate key 'steps'"]),
-    ("spec-arm-preset", {"toy.yaml": TOY, "s.yaml": spec(arms={"a": {"preset": "ppo"}})}, ["sweep", "plan", "s.yaml"],
+    ("spec-arm-preset", {"toy.yaml": TOY, "s.yaml": spec(arms={"a": {"preset": "ppo2"}})}, ["sweep", "plan", "s.yaml"],
      ["s.yaml", "arms.a.preset", "dapo"]),
     ("spec-seed-type", {"toy.yaml": TOY, "s.yaml": spec(seeds=["a"])}, ["sweep", "plan", "s.yaml"], ["s.yaml", "seeds[0]"]),
     ("spec-zip-lengths", {"toy.yaml": TOY, "s.yaml": spec(zip=[{"recipe.eps_high": [0.2, 0.3], "optim.lr": [0.5]}])},

@@ -63,8 +63,8 @@ def test_presets_fill_recipe_and_user_keys_win():
     assert cfg.recipe.eps_high == 0.3 and cfg.recipe.dynamic_sampling and cfg.recipe.loss_agg == "token_mean"
     for name in PRESETS:
         parse({"preset": name})  # every preset is valid on its own
-    with pytest.raises(ConfigError, match="unknown preset 'ppo'; allowed values: grpo, dr_grpo"):
-        parse({"preset": "ppo"})
+    with pytest.raises(ConfigError, match="unknown preset 'ppo2'; allowed values: grpo, dr_grpo"):
+        parse({"preset": "ppo2"})
 
 
 def test_run_id_is_content_hash():

@@ -44,7 +44,7 @@ BAD = [  # (change to the spec, the key named in the message, words of the messa
     (dict(search={"optim.lr": {"type": "float", "low": 0.1, "high": 1.0, "logg": True}}), "search.optim.lr.logg",
      "unknown key"),
     (dict(search={"recipe.scale": ["group", "sometimes"]}), "search.recipe.scale.choices[1]", "not allowed"),
-    (dict(search={"preset": ["grpo", "ppo"]}), "search.preset.choices[1]", "unknown preset"),
+    (dict(search={"preset": ["grpo", "ppo2"]}), "search.preset.choices[1]", "unknown preset"),
     (dict(search={"optim.lr": {"type": "float", "low": 1.0, "high": 0.5}}), "search.optim.lr", "low < high"),
     (dict(search={"recipe.kl_estimator": {"type": "categorical", "choices": ["k1"],
                                           "when": {"recipe.kl_coef": {"gt": 0}}},

@@ -118,7 +118,7 @@ def test_invalid_runs_refuse_the_whole_sweep_listing_each():
     ({"grid": {"steps": [5]}, "zip": [{"steps": [6]}]}, "spec.yaml: zip[0].steps: 'steps' is already swept"),
     ({"seeds": [0, "one"]}, "spec.yaml: seeds[1]: expected an integer"),
     ({"seeds": []}, "spec.yaml: seeds: expected a non-empty list"),
-    ({"arms": {"x": {"preset": "ppo"}}}, "spec.yaml: arms.x.preset: unknown preset 'ppo'"),
+    ({"arms": {"x": {"preset": "ppo2"}}}, "spec.yaml: arms.x.preset: unknown preset 'ppo2'"),
     ({"arms": {"x": {"recipe.nope": 1}}}, "spec.yaml: arms.x.recipe.nope: 'recipe.nope' is not a config field"),
     ({"exclude": [{"arm": "nope"}]}, "spec.yaml: exclude[0].arm: unknown arm 'nope'"),
     ({"exclude": [{"recipe.eps_hi": 0.2}]}, "spec.yaml: exclude[0].recipe.eps_hi: 'recipe.eps_hi' is not a config"),

@@ -160,12 +160,44 @@ def reinforce_pp_advantages(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl
     with gamma = 1, whitened over all counted tokens of the batch. rewards [N], mask [N,T], kl [N,T]
     (k1 of the behaviour policy against the reference; None = no KL) -> A [N,T]."""
     m = mask.bool()
+    return whiten(token_returns(outcome_token_rewards(rewards, m, kl, kl_coef), m), m, ddof, eps)
+
+
+def outcome_token_rewards(rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float) -> Tensor:
+    """Token rewards r_it = -kl_coef * kl_it + 1[t = last_i] R_i: the outcome reward on each row's last
+    counted token, the per-token KL penalty (None = none) everywhere. rewards [N], mask [N,T] -> [N,T]."""
+    m = mask.bool()
     last = m.cumsum(1).eq(m.sum(1, keepdim=True)) & m  # [N,T] the last counted token of each row
     R = rewards if rewards.is_floating_point() else rewards.float()
     token_r = torch.where(last, R[:, None], torch.zeros((), dtype=R.dtype, device=R.device))  # [N,T]
     if kl is not None:
         token_r = token_r - kl_coef * kl.to(token_r.dtype)
-    return whiten(token_returns(token_r, m), m, ddof, eps)
+    return token_r
+
+
+# --- GAE with a learned critic (PPO: Schulman et al. 2017, arXiv 1707.06347) ----------------------
+
+def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+        ) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2015, arXiv 1506.02438), per row from the end:
+    delta_t = r_t + gamma V_{t+1} - V_t (V after the last counted token = 0), A_t = delta_t + gamma lam A_{t+1};
+    returns R_t = A_t + V_t. token_rewards, values, mask [N,T] -> (A, R) [N,T], 0 where masked.
+
+    V_it is the value of the prefix before token t is emitted (the positions of logp). A masked token
+    inside a row (tool output, an IS-rejected token) takes no TD step: the next value and the running
+    advantage are carried across it, as veRL does. lam = 1 gives A = Monte-Carlo return - V."""
+    m = mask.bool()
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    r, v = torch.where(m, token_rewards.to(values.dtype), zero), torch.where(m, values, zero)
+    adv = torch.zeros_like(v)
+    next_v, running = torch.zeros_like(v[:, 0]), torch.zeros_like(v[:, 0])  # [N]
+    for t in reversed(range(v.shape[1])):
+        step = r[:, t] + gamma * next_v - v[:, t] + gamma * lam * running
+        next_v = torch.where(m[:, t], v[:, t], next_v)
+        running = torch.where(m[:, t], step, running)
+        adv[:, t] = running
+    adv = torch.where(m, adv, zero)
+    return adv, torch.where(m, adv + v, zero)
 
 
 def batch_token_scale(advantages: Tensor, mask: Tensor, *, ddof: int = 1, eps: float = 1e-6) -> Tensor:

@@ -399,15 +399,37 @@ def sapo(logp, old_logp, advantages, mask, *, agg, max_len, tau_pos: float, tau_
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+def clip_cov_selection(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,
+                       clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float,
+                       generator: torch.Generator | None = None, **_) -> Tensor:
+    """Clip-Cov's zeroed tokens [N,T] (bool): n = max(1, floor(ratio * N_tok)) drawn uniformly (with
+    `generator`) from the counted tokens with lb < Cov_it < ub that the PPO clip has not clipped. A
+    statistic of the whole batch passed in (Cov's means, N_tok, the draw)."""
+    m = mask.bool()
+    with torch.no_grad():
+        rho = importance_ratio(logp.detach(), old_logp, m, "token")
+        adv = token_advantages(advantages, rho)
+        clipped = ((rho < 1 - eps_low) & (adv < 0)) | ((rho > 1 + eps_high) & (adv > 0))
+        cov = _covariance(logp, advantages, m)
+        cand = (m & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten().nonzero().flatten()
+        n_pick = max(1, math.floor(clip_cov_ratio * int(m.sum())))
+        if len(cand) > n_pick:
+            cand = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
+        drop = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+        drop[cand] = True
+    return drop.view_as(m)
+
+
 def clip_cov(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float,
              clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float,
-             generator: torch.Generator | None = None, token_weight: Tensor | None = None):
+             generator: torch.Generator | None = None, token_weight: Tensor | None = None,
+             selected: Tensor | None = None):
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
 
-    PPO clip loss, except that n = max(1, floor(ratio * N_tok)) tokens drawn uniformly (with
-    `generator`) from those with lb < Cov_it < ub that the PPO clip has not already clipped get zero
-    loss and gradient. Cov_it uses batch-level means: with several micro-batches it must be computed
-    over the whole minibatch to give the same result. Stats: PPO's, plus cov_select_frac.
+    PPO clip loss, except that the tokens of `clip_cov_selection` get zero loss and gradient. The
+    selection is a batch-level statistic: `selected` [N,T] passes in one computed over the whole
+    minibatch (a micro-batch's rows of it); None computes it from the inputs. Stats: PPO's, plus
+    cov_select_frac.
     """
     m = mask.bool()
     rho = importance_ratio(logp, old_logp, m, "token")
@@ -415,14 +437,9 @@ def clip_cov(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, 
     obj = torch.minimum(rho * adv, rho.clamp(1 - eps_low, 1 + eps_high) * adv)
     with torch.no_grad():
         low, high = (rho < 1 - eps_low) & (adv < 0), (rho > 1 + eps_high) & (adv > 0)
-        cov = _covariance(logp, advantages, m)
-        cand = (m & ~(low | high) & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten().nonzero().flatten()
-        n_pick = max(1, math.floor(clip_cov_ratio * int(m.sum())))
-        if len(cand) > n_pick:
-            cand = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
-        drop = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
-        drop[cand] = True
-        drop = drop.view_as(m)
+    drop = clip_cov_selection(logp, old_logp, advantages, m, eps_low=eps_low, eps_high=eps_high,
+                              clip_cov_ratio=clip_cov_ratio, clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub,
+                              generator=generator) if selected is None else selected.bool() & m
     per_tok = torch.where(drop, torch.zeros_like(obj), -obj)
     loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
     stats = {"clip_frac_low": masked_mean(low.float(), m), "clip_frac_high": masked_mean(high.float(), m),
@@ -431,24 +448,33 @@ def clip_cov(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, 
     return loss, stats
 
 
+def kl_cov_selection(logp, old_logp, advantages, mask, *, kl_cov_frac: float, **_) -> Tensor:
+    """KL-Cov's penalised tokens [N,T] (bool): the n = max(1, floor(frac * N_tok)) counted tokens with the
+    largest Cov_it, over the whole batch passed in."""
+    m = mask.bool()
+    with torch.no_grad():
+        cov = torch.where(m, _covariance(logp, advantages, m), torch.full(m.shape, -torch.inf, device=m.device,
+                                                                          dtype=logp.dtype))
+        n_tok = int(m.sum())
+        n_pick = min(max(1, math.floor(kl_cov_frac * n_tok)), n_tok)
+        pick = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+        pick[cov.flatten().topk(n_pick).indices] = True
+    return pick.view_as(m) & m
+
+
 def kl_cov(logp, old_logp, advantages, mask, *, agg, max_len, kl_cov_frac: float, kl_cov_coef: float,
-           token_weight: Tensor | None = None):
-    """KL-Cov (Cui et al. 2025, arXiv 2505.22617): no clip; the n = max(1, floor(frac * N_tok)) counted
-    tokens with the largest Cov_it get a penalty coef * |log rho| (as in the authors' code):
-    l = -rho*A + coef*|Delta| there, l = -rho*A elsewhere. `kl_cov_frac` is a fraction (authors' 7B
-    setting 0.2 % = 2e-3). Cov_it is a batch-level statistic (see `clip_cov`). Stat: cov_select_frac.
+           token_weight: Tensor | None = None, selected: Tensor | None = None):
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617): no clip; the tokens of `kl_cov_selection` get a penalty
+    coef * |log rho| (as in the authors' code): l = -rho*A + coef*|Delta| there, l = -rho*A elsewhere.
+    `kl_cov_frac` is a fraction (authors' 7B setting 0.2 % = 2e-3). The selection is a batch-level
+    statistic (see `clip_cov`: `selected` passes one in). Stat: cov_select_frac.
     """
     m = mask.bool()
     delta = _zero_where_masked(logp - old_logp, m)
     rho = delta.exp()
     adv = token_advantages(advantages, rho)
-    with torch.no_grad():
-        cov = torch.where(m, _covariance(logp, advantages, m), torch.full_like(rho, -torch.inf))
-        n_tok = int(m.sum())
-        n_pick = min(max(1, math.floor(kl_cov_frac * n_tok)), n_tok)
-        pick = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
-        pick[cov.flatten().topk(n_pick).indices] = True
-        pick = pick.view_as(m) & m
+    pick = kl_cov_selection(logp, old_logp, advantages, m, kl_cov_frac=kl_cov_frac) if selected is None \
+        else selected.bool() & m
     per_tok = -rho * adv + torch.where(pick, kl_cov_coef * delta.abs(), torch.zeros_like(rho))
     loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
     return loss, {"cov_select_frac": masked_mean(pick.float(), m), **_ratio_stats(rho.detach(), m)}
@@ -505,6 +531,15 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "gpg": gpg,
     "delta": delta_clip,
     "raft": raft,
+}
+
+
+# Covariance selections: fn(logp, old_logp, advantages, mask, **the loss's params) -> bool [N,T] (parameters
+# a selection does not use are ignored). Batch-level statistics: computed over the whole minibatch, then
+# passed to the loss of each micro-batch as `selected` (ablate/train/recipes.py::covariance_selection).
+COV_SELECTIONS: dict[str, Callable[..., Tensor]] = {
+    "clip_cov": clip_cov_selection,
+    "kl_cov": kl_cov_selection,
 }
 
 

@@ -39,7 +39,7 @@ STEP_METRICS: dict[str, str] = {
     "train/loss": "total loss (mean over the step's minibatch updates)",
     "train/loss_policy": "clipped surrogate policy loss",
     "train/loss_kl": "KL term before the coefficient, aggregated like the policy loss (measured whenever KL is on; added to the loss only with `recipe.kl_placement=loss`)",
-    "train/loss_entropy": "entropy term of the loss, before the coefficient",
+    "train/loss_entropy": "mean entropy over the counted tokens, aggregated like the policy loss (the entropy bonus before its coefficient; with `recipe.token_selection=top_entropy` the bonus uses the kept tokens only)",
     "train/grad_norm": "global gradient norm before clipping (mean over minibatch updates)",
     "train/lr": "learning rate of the step",
     # online data policy (`recipe.data_policy`)
@@ -100,6 +100,17 @@ STEP_METRICS.update({
     "kl/ref_resets": "reference resets so far (`recipe.ref_reset_every` > 0 only)",
     "kl/steps_since_reset": "steps since the last reference reset (0 right after one; `recipe.ref_reset_every` > 0 only)",
     "train/terminated_len_mean": "mean length of the completions that ended with EOS (NaN if every completion was truncated)",
+})
+
+# PPO's learned critic (`recipe.adv_whiten: gae`, ablate/train/critic.py); V_old = the critic's values of the
+# rollout before this step's fit, R = GAE returns (A + V_old), both over the tokens the loss counts
+STEP_METRICS.update({
+    "critic/value_loss": "clipped value loss 1/2 max((V - R)^2, (V_clip - R)^2), token mean, before `recipe.vf_coef`; mean over the step's critic minibatch updates",
+    "critic/clipfrac": "share of tokens whose clipped value term (V_clip = V_old +- `recipe.value_clip`) is the larger one, mean over critic minibatch updates",
+    "critic/explained_variance": "1 - Var(R - V_old) / Var(R) over tokens (1 perfect, 0 a constant, < 0 worse; NaN when the returns do not vary)",
+    "critic/value_mean": "mean V_old over tokens",
+    "critic/return_mean": "mean GAE return R over tokens",
+    "critic/grad_norm": "global gradient norm of the value model before clipping (`optim.grad_clip`), mean over critic minibatch updates",
 })
 
 EVAL_METRICS: dict[str, str] = {

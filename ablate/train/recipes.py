@@ -13,6 +13,7 @@ from torch import Tensor
 from ablate.config import RATIO_LEVEL_LOSSES, RecipeConfig
 from ablate.rl import losses
 from ablate.rl.advantages import batch_token_scale, reinforce_pp_advantages
+from ablate.train import execution
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -41,15 +42,48 @@ def policy_loss_params(r: RecipeConfig, seed: int = 0, step: int = 0) -> dict:
     return params
 
 
-def token_weight(r: RecipeConfig, entropies: Tensor, mask: Tensor, is_weights: Tensor | None = None) -> dict:
-    """{"token_weight": [n,T]} multiplying each token's loss: the kept tokens of `token_selection='top_entropy'`
-    times the detached IS weights of an off-policy correction (ablate/rl/corrections.py); {} when neither.
+def needs_entropies(r: RecipeConfig) -> bool:
+    """Whether the step's first forward (the old-policy pass) must also return token entropies."""
+    return r.token_selection == "top_entropy"
 
-    entropies [n,T] per token; the quantile is taken over the minibatch in hand (a batch-level statistic)."""
-    w = None if r.token_selection == "all" else losses.top_entropy_mask(entropies, mask, r.entropy_quantile)
+
+def select_tokens(r: RecipeConfig, entropies: Tensor | None, mask: Tensor) -> Tensor | None:
+    """The kept tokens [N,T] of `token_selection='top_entropy'` (None for 'all'): the top `entropy_quantile`
+    share by entropy over the whole batch passed in. The trainer passes the entropies of the step's first
+    forward (the old-policy pass over the whole rollout), so the selection is fixed for all epochs and
+    minibatches of the step and does not depend on how the step is split (Wang et al. 2025, arXiv
+    2506.01939)."""
+    return None if r.token_selection == "all" else losses.top_entropy_mask(entropies, mask, r.entropy_quantile)
+
+
+def token_weight(r: RecipeConfig, entropies: Tensor | None, mask: Tensor, is_weights: Tensor | None = None,
+                 selected: Tensor | None = None) -> dict:
+    """{"token_weight": [n,T]} multiplying each token's loss: the kept tokens of `token_selection='top_entropy'`
+    (`selected` [n,T], or `select_tokens` over the entropies [n,T] passed in) times the detached IS weights
+    of an off-policy correction (ablate/rl/corrections.py); {} when neither."""
+    w = select_tokens(r, entropies, mask) if selected is None else selected
     if is_weights is not None and r.is_correction != "none":  # `none` gives weights of exactly 1
         w = is_weights.detach() if w is None else w * is_weights.detach()
     return {} if w is None else {"token_weight": w}
+
+
+def covariance_selection(r: RecipeConfig, params: dict, policy, micro: list, old_logp: Tensor | None,
+                         adv: Tensor, loss_mask: Tensor) -> Tensor | None:
+    """Clip-Cov / KL-Cov's selected tokens over a whole minibatch split into several micro-batches `micro`
+    [(rows, sub-rollout)]: bool [N,T] (False outside the minibatch's rows), from a no-grad forward of the
+    current policy over the same micro-batches, so the selection (its covariance means, token budget and
+    draw) is the one a single pass would make. None for one micro-batch or another loss: the loss selects."""
+    if r.policy_loss not in losses.COV_SELECTIONS or len(micro) < 2:
+        return None
+    rows = torch.cat([mb for mb, _ in micro])
+    with torch.no_grad():
+        logp = execution.join_columns([execution.token_scores(policy, sub, r.temperature)[0] for _, sub in micro],
+                                      loss_mask.shape[1])  # [n, T], rows in minibatch order
+    old = old_logp[rows] if old_logp is not None else logp
+    sel = losses.COV_SELECTIONS[r.policy_loss](logp, old, adv[rows], loss_mask[rows], **params)
+    out = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
+    out[rows.to(out.device)] = sel
+    return out
 
 
 def shape_advantages(adv: Tensor, r: RecipeConfig) -> Tensor:

@@ -31,6 +31,7 @@ from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
 from ablate.train import execution, offpolicy, preemption, recipes
+from ablate.train.critic import build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
 from ablate.train.models import load_weights, trained_weights
@@ -211,24 +212,36 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
 def sequence_logprobs(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256) -> torch.Tensor:
     """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad, in micro-batches of
     at most `budget` tokens (0: `chunk` rows at a time); 0 after each completion's end."""
+    return sequence_scores(policy, rollout, temperature, budget, chunk)[0]
+
+
+@torch.no_grad()
+def sequence_scores(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256,
+                    entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` and, with `entropy`, the per-token entropies [N, T] of the same forward (else None)."""
     N, T = rollout.completion_ids.shape
-    out = None
+    out = ent = None
     for idx, sub in execution.micro_batches(rollout, torch.arange(N), budget, max_rows=chunk):
-        logp, _ = execution.token_scores(policy, sub, temperature)  # [n, t], t <= T
+        logp, h = execution.token_scores(policy, sub, temperature, "value" if entropy else "none")  # [n, t], t <= T
         out = logp.new_zeros(N, T) if out is None else out
         out[idx.to(out.device), :logp.shape[1]] = logp
-    return out
+        if entropy:
+            ent = h.new_zeros(N, T) if ent is None else ent
+            ent[idx.to(ent.device), :h.shape[1]] = h
+    return out, ent
 
 
 # --- update ----------------------------------------------------------------------------------------
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
            optimizer, cfg: RunConfig, step: int = 0, kl_coef: float | None = None,
-           is_weights: torch.Tensor | None = None) -> dict[str, float]:
+           is_weights: torch.Tensor | None = None, selected: torch.Tensor | None = None) -> dict[str, float]:
     """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style), each
     accumulated over micro-batches of at most `compute.micro_batch_tokens` tokens. Every aggregation's
     normaliser belongs to the whole minibatch, so the accumulated gradient is the one-pass gradient.
-    `is_weights` [N,T] multiply the per-token policy loss (behaviour -> old correction, rl/corrections.py)."""
+    `is_weights` [N,T] multiply the per-token policy loss (behaviour -> old correction, rl/corrections.py);
+    `selected` [N,T] are the tokens `token_selection` keeps (fixed for the step; None = all). Batch-level
+    selections (top-entropy, Clip-Cov / KL-Cov) never depend on the micro-batch split."""
     r = cfg.recipe
     kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
@@ -242,16 +255,21 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             optimizer.zero_grad(set_to_none=True)
             whole_mask = loss_mask[idx]
             parts, scores = [], []  # per micro-batch: logged values; detached token scores
-            for mb, sub in execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens):
+            micro = list(execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens))
+            cov_sel = recipes.covariance_selection(r, loss_params, policy, micro, old_logp, adv, loss_mask)
+            for mb, sub in micro:
                 logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
                 check_finite("log-probabilities (logits)", logp)
                 t = logp.shape[1]
                 mask = loss_mask[mb, :t]
                 old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
                 a = adv[mb] if adv.dim() == 1 else adv[mb, :t]  # [n] or per token [n, t] (REINFORCE++)
-                weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None)
+                keep = selected[mb, :t] if selected is not None else None
+                weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None,
+                                              keep)
                 loss_policy, clip = loss_fn(logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens,
-                                            **loss_params, **weight)
+                                            **loss_params, **weight,
+                                            **({"selected": cov_sel[mb, :t]} if cov_sel is not None else {}))
                 if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
                     loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
                         logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
@@ -262,8 +280,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                     if r.kl_placement == "loss":
                         loss = loss + kl_coef * kl
                 entropy = agg(ent_tok, mask, r.max_new_tokens)
-                if r.entropy_coef:
-                    loss = loss - r.entropy_coef * entropy
+                if r.entropy_coef:  # with token selection the bonus is on the kept tokens (same denominators)
+                    bonus = entropy if keep is None else agg(ent_tok * keep, mask, r.max_new_tokens)
+                    loss = loss - r.entropy_coef * bonus
                 if not torch.isfinite(loss):
                     raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
                 w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
@@ -444,6 +463,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     pending = offpolicy.Pending()  # sampled batches not yet trained on: the staleness FIFO (k deep)
 
     ckpt = store.load_checkpoint(run_id(cfg))
+    critic = build_critic(cfg, policy, ckpt)  # PPO's value model (recipe.adv_whiten='gae'), else None
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
         load_weights(policy.module, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -476,7 +496,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.state_dict(),
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending),
-            "kl_state": kl_state.state_dict(), **({"ref": ref.module.state_dict()} if r.ref_reset_every else {})},
+            "kl_state": kl_state.state_dict(), **({"ref": ref.module.state_dict()} if r.ref_reset_every else {}),
+            **critic_state(critic)},
             run_id(cfg))
 
     with bar, preemption.guard(save_checkpoint):
@@ -501,7 +522,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 t1 = time.perf_counter()
                 # 2. old (pi_old, recomputed now: the PPO anchor) and reference log-probs
                 budget = cfg.compute.micro_batch_tokens
-                old_logp = sequence_logprobs(policy, batch.rollout, r.temperature, budget)
+                old_logp, old_ent = sequence_scores(policy, batch.rollout, r.temperature, budget,
+                                                    entropy=recipes.needs_entropies(r))  # old_ent: top-entropy
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature, budget) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
@@ -520,12 +542,16 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 off = offpolicy.step_metrics(old_logp, batch.rollout.behav_logp, loss_mask, is_weights, kept.bool(),
                                              is_stats, lag=step - 1 - version)
                 loss_mask = kept
-                adv = recipes.shape_advantages(
-                    recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask, kl_state.coef), r)
+                # token-level advantages: whitened (recipe.adv_whiten), or GAE from the critic after fitting it
+                adv, critic_row = critic.step(batch.rollout, batch.rewards, kl_tok, kl_state.coef, loss_mask, cfg_t,
+                                              step) if critic else \
+                    (recipes.whiten_advantages(adv, r, batch.rewards, kl_tok, loss_mask, kl_state.coef), {})
+                adv = recipes.shape_advantages(adv, r)
                 # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
                     up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
-                                optimizer, cfg_t, step, kl_state.coef, is_weights)
+                                optimizer, cfg_t, step, kl_state.coef, is_weights,
+                                recipes.select_tokens(r, old_ent, loss_mask))
                     check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
@@ -552,7 +578,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                        "perf/reward_seconds": batch.reward_seconds,
                        "perf/logprob_seconds": t2 - t1, "perf/update_seconds": t3 - t2,
                        "perf/gen_tokens_per_s": float(lengths.sum()) / max(batch.generate_seconds, 1e-9),
-                       "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9)}
+                       "perf/train_tokens_per_s": float(lengths.sum()) * r.update_epochs / max(t3 - t2, 1e-9),
+                       **critic_row}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
                     ev, samples, problems = evaluate_repeats(policy, task, heldout, cfg_t, tokenizer, step)
