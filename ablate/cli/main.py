@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -65,10 +66,21 @@ def train(
     problem = out_problem(out, "--out")
     if problem:
         fail(f"{problem}")
+    from ablate.train.preemption import Stopped, stop_reason
+
     try:
         state = run_train(cfg, str(out), progress=not quiet)
     except (RunFolderError, ConfigError) as err:  # refused before anything was written
         fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
+    except (Stopped, KeyboardInterrupt) as err:  # the run folder says `cancelled` and why
+        typer.echo(f"cancelled: {out} ({stop_reason(err)}); the same command resumes it", err=True)
+        raise typer.Exit(143 if isinstance(err, Stopped) else 130) from None
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        typer.secho(f"error: {err.strerror} writing {err.filename or out}; the run is marked failed in "
+                    f"{out}/status.json (free space, then the same command resumes it)", fg="red", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"{state}: {out}")
     raise typer.Exit(0 if state == "completed" else 1)
 
