@@ -84,10 +84,9 @@ def test_killed_sweep_launcher_leaves_no_worker_running(tmp_path):
     out = tmp_path / "runs"
     try:
         def worker():
-            for info in out.glob(".submitit/*/*_worker.json"):
-                (run_dir,) = [p for p in out.iterdir() if (p / "status.json").exists()]
-                if status(run_dir).get("step", 0) >= 2:
-                    return json.loads(info.read_text())["pid"], int(info.name.split("_")[0]), run_dir
+            infos, run_dirs = list(out.glob(".submitit/*/*_worker.json")), list(out.glob("*/status.json"))
+            if infos and run_dirs and status(run_dirs[0].parent).get("step", 0) >= 2:
+                return json.loads(infos[0].read_text())["pid"], int(infos[0].name.split("_")[0]), run_dirs[0].parent
             return None
 
         pid, controller, run_dir = wait_for(worker, what="a worker at step 2")

@@ -63,6 +63,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         if threads:
             torch.set_num_threads(threads)
         _note_worker()
+        _watch_launcher()
         return train(parse(self.cfg_dict), self.run_dir, progress=False)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
@@ -89,6 +90,38 @@ def _note_worker() -> None:
     info = {"pid": os.getpid(), "host": env.hostname, "job_id": env.job_id, "started": time.time()}
     path = Path(env.paths.folder) / f"{env.job_id}_worker.json"
     atomic_write(path, lambda f: f.write(json.dumps(info).encode()))
+
+
+LAUNCHER = "ABLATE_LAUNCHER"  # "<pid>:<start time>" of a foreground `ablate sweep run` (local executor)
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot, /proc/<pid>/stat), None when it is gone:
+    with the pid it names one process, even once the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _watch_launcher(poll_s: float = 1.0) -> None:
+    """In a local worker: when the foreground launcher that started it is gone (kill -9, a closed terminal),
+    end the run `cancelled` instead of training on as an orphan nobody follows. submitit's local
+    controller outlives its parent by design; it exits once its worker has."""
+    import threading
+
+    from ablate.train import preemption
+
+    pid, _, start = os.environ.get(LAUNCHER, "").partition(":")
+    if not pid.isdigit():
+        return
+
+    def watch():
+        while _started(int(pid)) == start:
+            time.sleep(poll_s)
+        preemption.request_stop(f"the sweep launcher (ablate sweep run, pid {pid}) is gone; rerun it to resume")
+
+    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
 def _importable() -> None:
@@ -400,6 +433,7 @@ def _run_local(out: Path, todo: list[RunSpec], m: dict, folder: Path, settings: 
                          signal_delay_s=settings.get("signal_delay_s", 30))
     pending, active, started = list(todo), {}, time.time()
     _importable()
+    os.environ[LAUNCHER] = f"{os.getpid()}:{_started(os.getpid())}"  # workers stop when this process is gone
     with view(out, todo) as live:
         try:
             while pending or active:
