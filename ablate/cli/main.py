@@ -158,5 +158,13 @@ app.add_typer(tune_app, name="tune")
 app.command("report", cls=Command)(report)
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning is one line, `warning: ...` (Python's default adds the file, line and source line)."""
+    typer.secho(f"warning: {message}", fg="yellow", err=True)
+
+
 def main() -> None:  # console script entry point
+    import warnings
+
+    warnings.showwarning = _warning_line
     sys.exit(app())
