@@ -225,6 +225,12 @@ def effective_state(store_state: str | None, sched: str | None) -> str:
     return "missing"
 
 
+def arm_label(toggles: dict) -> str | None:
+    """The arm of a run of a sweep without named arms: its toggle values, `kl_coef=0.04 scale=group` (the
+    last part of each key, as the report's factor labels)."""
+    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in toggles.items()) or None
+
+
 def stale_runs(out: str | Path) -> list[str]:
     """Run ids the manifest keeps from an earlier expansion of the spec (see _manifest_for)."""
     m = read_manifest(Path(out)) or {"runs": {}}
@@ -251,7 +257,7 @@ def sweep_status(out: str | Path) -> list[dict]:
             # resubmitted, and SLURM accounting does not list the new job yet (sacct lags sbatch by ~0-2 s):
             # the failed/cancelled store is the previous attempt's, not this job's
             store_state = None
-        rows.append({"run_id": rid, "arm": e.get("arm"), "seed": e.get("seed"), "toggles": e.get("toggles", {}),
+        rows.append({"run_id": rid, "arm": e.get("arm") or arm_label(e.get("toggles", {})), "seed": e.get("seed"), "toggles": e.get("toggles", {}),
                      "state": effective_state(store_state, sched.get(rid)), "store": st.get("state"),
                      "scheduler": sched.get(rid), "step": st.get("step", 0), "steps": e.get("steps"),
                      "job_id": job.get("job_id"), "executor": job.get("executor"), "error": st.get("error")})
