@@ -90,12 +90,18 @@ def run(spec: SweepSpec,
         max_parallel: int | None = typer.Option(None, "--max-parallel", metavar="N",
                                                 help="local: processes; slurm: array parallelism"),
         out: RunsRoot = None,
-        quiet: Quiet = False):
+        quiet: Quiet = False,
+        wait: bool = typer.Option(False, "--wait", help="block until every run of the sweep has ended (SLURM "
+                                  "too); exit 1 naming each run that failed, diverged or was cancelled"),
+        poll: float = typer.Option(10.0, "--poll", metavar="S", help="with --wait: seconds between status checks")):
     """Submit the runs that are failed, cancelled or missing; completed runs are skipped."""
-    from ablate.experiments.launch import launch, sweep_status
+    from ablate.experiments.launch import UNSUCCESSFUL, launch, sweep_status
+    from ablate.experiments.launch import wait as wait_for
     from ablate.experiments.sweep import SpecError
 
     check_choice("--executor", executor, ("local", "slurm", "debug"))
+    if poll <= 0:
+        fail(f"--poll {poll}: must be > 0 seconds")
     sweep, runs = _load(spec, out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ablate.runs.store import RunFolderError
@@ -106,9 +112,17 @@ def run(spec: SweepSpec,
         fail(f"{err}")
     console.print(f"{len(runs)} runs: {len(res['submitted'])} submitted, {len(res['skipped'])} already finished, "
                   f"{len(res['active'])} still active -> {sweep.out}")
-    rows = sweep_status(sweep.out)
-    bad = [r for r in rows if r["run_id"] in res["submitted"] and r["state"] in ("failed", "cancelled")]
-    _counts(rows)
+    if not wait:
+        rows = sweep_status(sweep.out)
+        bad = [r for r in rows if r["run_id"] in res["submitted"] and r["state"] in ("failed", "cancelled")]
+        _counts(rows)
+        raise typer.Exit(1 if bad else 0)
+    rows = wait_for(sweep.out, poll, log=_counts)  # every run of the sweep, submitted now or before
+    bad = [r for r in rows if r["state"] in UNSUCCESSFUL]
+    for r in bad:
+        err = (r["error"] or "").strip().splitlines()
+        typer.echo(f"{r['state']}: {r['run_id']} ({r['arm'] or 'seed ' + str(r['seed'])}) at step {r['step']}/"
+                   f"{r['steps']}{': ' + err[-1][:200] if err else ''}")
     raise typer.Exit(1 if bad else 0)
 
 

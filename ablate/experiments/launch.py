@@ -264,6 +264,25 @@ def sweep_status(out: str | Path) -> list[dict]:
     return rows
 
 
+UNFINISHED = ("running", "pending")
+UNSUCCESSFUL = ("failed", "diverged", "cancelled", "missing")
+
+
+def wait(out: str | Path, poll_s: float = 10.0, log=None) -> list[dict]:
+    """Block until no run of the sweep in `out` is running or pending (any executor: the run store and the
+    scheduler, as `sweep_status`); returns the final status rows. `log(rows)` is called when counts change."""
+    last = None
+    while True:
+        rows = sweep_status(out)
+        counts = sorted((st, sum(r["state"] == st for r in rows)) for st in {r["state"] for r in rows})
+        if log is not None and counts != last:
+            log(rows)
+        last = counts
+        if not any(r["state"] in UNFINISHED for r in rows):
+            return rows
+        time.sleep(poll_s)
+
+
 # --- executors ---------------------------------------------------------------------------------------
 
 def slurm_minutes(value: int | str) -> int:
