@@ -50,6 +50,9 @@ def train(
                                             help="override a dotted key, e.g. recipe.eps_high=0.28")] = [],  # noqa: B006
     out: Annotated[Path | None, typer.Option("--out", metavar="DIR", help="run folder (default runs/<run_id>)")] = None,
     quiet: Quiet = False,
+    extend_to: Annotated[int | None, typer.Option(
+        "--extend-to", metavar="N", help="continue the completed run in DIR to N steps, as a new run beside it "
+                                         "(logs kept, extended_from in provenance; docs/run-folders.md)")] = None,
 ):
     """Train one run; resumes if DIR holds a checkpoint of the same config."""
     from ablate.config import ConfigError, load, run_id
@@ -66,6 +69,14 @@ def train(
     problem = out_problem(out, "--out")
     if problem:
         fail(f"{problem}")
+    if extend_to is not None:
+        from ablate.train.extend import extend
+
+        try:
+            old, (cfg, out) = run_id(cfg), extend(cfg, out, extend_to)
+        except (RunFolderError, ConfigError) as err:
+            fail(f"{err}")
+        typer.echo(f"extending run {old} ({out.parent / old}) to {extend_to} steps as run {run_id(cfg)}: {out}")
     from ablate.train.preemption import Stopped, stop_reason
 
     try:

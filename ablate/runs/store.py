@@ -212,6 +212,7 @@ class RunStore:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "resumed_from_steps": self.provenance().get("resumed_from_steps", []),  # kept across restarts
+            **{k: v for k, v in self.provenance().items() if k == "extended_from"},  # --extend-to: the source run
         }
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 
