@@ -312,7 +312,8 @@ def confirm(spec: SearchSpec,
         from ablate.cli.sweep import run as sweep_run
 
         try:
-            sweep_run(path, executor="local", profile=None, max_parallel=None, out=None, quiet=True)
+            sweep_run(path, executor="local", profile=None, max_parallel=None, out=None, quiet=True, wait=False,
+                      poll=10.0)
         except typer.Exit as e:
             if e.exit_code:
                 raise
