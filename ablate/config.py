@@ -249,6 +249,9 @@ class TrackingConfig:
     """Where a run is mirrored; not part of the run id (it changes no computed number)."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    # seconds W&B may take to start (wandb.init's init_timeout; env WANDB_INIT_TIMEOUT wins): an unreachable
+    # server then costs this long, once, and the run goes on with the local store (and offline W&B under auto)
+    timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -609,6 +612,7 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         check(t.name != "toy_addition", "model.lora needs a transformer model (not task.name='toy_addition')")
     check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
     check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
+    check(0 < cfg.tracking.timeout_s < math.inf, "tracking.timeout_s must be > 0 seconds (and finite)")
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")

@@ -179,3 +179,30 @@ def test_edited_spec_leaves_earlier_runs_stale_kept_and_out_of_the_report(tmp_pa
     listed = rep.runs.set_index("run_id")
     assert set(listed.index) == old | new and not listed.loc[sorted(old), "included"].any()
     assert "stale: not in the current spec" in (tmp_path / "r.md").read_text()
+
+
+def test_wait_blocks_until_every_run_ended_and_run_wait_exits_1_naming_the_diverged_run(tmp_path):
+    from ablate.experiments.launch import wait
+
+    spec = tmp_path / "w.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "w", "out": str(tmp_path / "runs"), "executor": {"max_parallel": 2},
+        "base": {"config": TOY, "overrides": {"steps": 40, "eval.every": 0, "tracking.wandb.mode": "disabled"}},
+        "arms": {"fine": {}, "blows_up": {"optim.optimizer": "adamw", "optim.lr": 3e38}}}))
+    from ablate.experiments.sweep import load_spec
+
+    sweep = load_spec(spec)
+    runs = expand(sweep)
+    thread = threading.Thread(target=launch, args=(sweep, runs), kwargs={"poll_s": 0.2})
+    thread.start()  # as a SLURM array would: the runs go on elsewhere, this process only waits
+    _worker_pid(sweep.out, next(r.run_id for r in runs if r.arm == "fine"))
+    seen = []
+    rows = {r["arm"]: r for r in wait(sweep.out, poll_s=0.2, log=lambda rows: seen.append({r["arm"]: r["state"] for r in rows}["fine"]))}
+    thread.join(60)
+    assert seen[0] == "running" and rows["fine"]["state"] == "completed" and rows["blows_up"]["state"] == "diverged"
+    # every run of the sweep counts, also those finished by an earlier `sweep run`: nothing is resubmitted here
+    res = CliRunner().invoke(sweep_app, ["run", str(spec), "--wait", "--quiet", "--poll", "0.2"])
+    assert res.exit_code == 1, res.output
+    assert f"diverged: {rows['blows_up']['run_id']} (blows_up) at step 1/40" in res.output
+    assert rows["fine"]["run_id"] not in res.output.split("diverged:")[-1]
+    assert CliRunner().invoke(sweep_app, ["run", str(spec), "--wait", "--poll", "0"]).exit_code == 2

@@ -276,3 +276,30 @@ def test_sweep_on_local_executor_mirrors_every_run_grouped_by_sweep(tmp_path):
                 if k != "step":
                     assert row[k] == v, (r.run_id, row["_step"], k)
     assert names == {"grpo-eps_high=0.2-s0", "grpo-eps_high=0.28-s0", "grpo-eps_high=0.2-s1", "grpo-eps_high=0.28-s1"}
+
+
+def test_unreachable_wandb_costs_tracking_timeout_s_once_with_one_line(tmp_path, monkeypatch):
+    """An online W&B whose server does not answer (a closed local port): start-up waits tracking.timeout_s
+    (not wandb's 60-90 s), says so in one line, and the run goes on offline with the local store complete."""
+    import time
+
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # discard port: connection refused
+    assert load("configs/toy.yaml").tracking.timeout_s <= 10  # the default is small
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = run(toy("steps=2", "tracking.timeout_s=1"), tmp_path / "run")
+    took = time.perf_counter() - t0
+    (msg,) = [str(w.message) for w in caught if "W&B" in str(w.message)]
+    assert "offline instead" in msg and "no answer within 1 s, tracking.timeout_s" in msg and "\n" not in msg
+    assert took < 20, took
+    assert [r["step"] for r in store.read("metrics")] == [1, 2] and store.status()["state"] == "completed"
+
+
+def test_offline_run_prints_one_line(tmp_path, capfd):
+    run(toy("steps=1"), tmp_path / "run")
+    err = [line for line in capfd.readouterr().err.splitlines() if "wandb" in line.lower()]
+    assert len(err) == 1 and "wandb sync" in err[0], err

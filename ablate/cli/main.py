@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,9 @@ def train(
                                             help="override a dotted key, e.g. recipe.eps_high=0.28")] = [],  # noqa: B006
     out: Annotated[Path | None, typer.Option("--out", metavar="DIR", help="run folder (default runs/<run_id>)")] = None,
     quiet: Quiet = False,
+    extend_to: Annotated[int | None, typer.Option(
+        "--extend-to", metavar="N", help="continue the completed run in DIR to N steps, as a new run beside it "
+                                         "(logs kept, extended_from in provenance; docs/run-folders.md)")] = None,
 ):
     """Train one run; resumes if DIR holds a checkpoint of the same config."""
     from ablate.config import ConfigError, load, run_id
@@ -65,10 +69,29 @@ def train(
     problem = out_problem(out, "--out")
     if problem:
         fail(f"{problem}")
+    if extend_to is not None:
+        from ablate.train.extend import extend
+
+        try:
+            old, (cfg, out) = run_id(cfg), extend(cfg, out, extend_to)
+        except (RunFolderError, ConfigError) as err:
+            fail(f"{err}")
+        typer.echo(f"extending run {old} ({out.parent / old}) to {extend_to} steps as run {run_id(cfg)}: {out}")
+    from ablate.train.preemption import Stopped, stop_reason
+
     try:
         state = run_train(cfg, str(out), progress=not quiet)
     except (RunFolderError, ConfigError) as err:  # refused before anything was written
         fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
+    except (Stopped, KeyboardInterrupt) as err:  # the run folder says `cancelled` and why
+        typer.echo(f"cancelled: {out} ({stop_reason(err)}); the same command resumes it", err=True)
+        raise typer.Exit(143 if isinstance(err, Stopped) else 130) from None
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        typer.secho(f"error: {err.strerror} writing {err.filename or out}; the run is marked failed in "
+                    f"{out}/status.json (free space, then the same command resumes it)", fg="red", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"{state}: {out}")
     raise typer.Exit(0 if state == "completed" else 1)
 
@@ -146,5 +169,13 @@ app.add_typer(tune_app, name="tune")
 app.command("report", cls=Command)(report)
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning is one line, `warning: ...` (Python's default adds the file, line and source line)."""
+    typer.secho(f"warning: {message}", fg="yellow", err=True)
+
+
 def main() -> None:  # console script entry point
+    import warnings
+
+    warnings.showwarning = _warning_line
     sys.exit(app())

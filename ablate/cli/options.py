@@ -62,3 +62,62 @@ Profile = Annotated[Path | None, typer.Option("--profile", metavar="PROFILE",
                                               help="SLURM profile YAML (slurm/profiles/X.yaml)")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="no live progress view")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+Wide = Annotated[bool, typer.Option("--wide", help="every column at full width (default: fit the terminal, "
+                                                   "80 columns in a pipe)")]
+
+
+# --- plain-text tables ------------------------------------------------------------------------------------
+
+def table_width(wide: bool) -> int | None:
+    """The width a table must fit: none with --wide, the terminal's on a terminal, 80 in a pipe or a file."""
+    import shutil
+    import sys
+
+    if wide:
+        return None
+    return shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Column headers for dotted keys: the last part (`recipe.kl_coef` -> `kl_coef`) where that is unique."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last)}
+
+
+def text_table(header: list[str], rows: list[list[str]], width: int | None, drop: tuple[str, ...] = (),
+               squeeze: str | None = None, abbrev: dict[str, str] | None = None) -> str:
+    """A plain-text table (fast for 100,000 rows, readable in a pipe) within `width` characters (None: any):
+    headers are shortened by `abbrev` (`recipe.kl_coef` -> `kl_coef`), then the columns in `drop` (named
+    as shortened) are left out in that order until it fits, then column `squeeze` is cut (never below its
+    header); no other cell is ever cut, so run ids stay whole. A last line names what was left out."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([0, *(len(r[i]) for r in cells)]) for i in range(len(header))]
+    total = lambda: sum(sizes[h] for h in cols) + 2 * (len(cols) - 1)  # noqa: E731
+    cols = list(header)
+    sizes = {h: max(len(h), w) for h, w in zip(cols, widths)}
+    if width is not None and total() > width and abbrev:
+        header = [abbrev.get(h, h) for h in header]
+        cols = list(header)
+        sizes = {h: max(len(h), w) for h, w in zip(cols, widths)}
+    left_out = []
+    for h in drop:
+        if width is None or total() <= width:
+            break
+        if h in cols and h != squeeze:
+            cols.remove(h)
+            left_out.append(h)
+    if width is not None and squeeze in cols and total() > width:
+        sizes[squeeze] = max(len(squeeze), sizes[squeeze] - (total() - width))
+    index = [header.index(h) for h in cols]
+
+    def line(values: list[str]) -> str:
+        out = []
+        for h, i in zip(cols, index):
+            v = values[i]
+            out.append(v if len(v) <= sizes[h] else v[:sizes[h] - 1] + "~")
+        return "  ".join(v.ljust(sizes[h]) for h, v in zip(cols, out)).rstrip()
+
+    lines = [line(header), "  ".join("-" * sizes[h] for h in cols), *(line(r) for r in cells)]
+    if left_out:
+        lines.append(f"(left out to fit {width} columns: {', '.join(left_out)}; --wide shows them)")
+    return "\n".join(lines)

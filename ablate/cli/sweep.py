@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from ablate.cli.options import (
     AsJson,
@@ -19,9 +18,13 @@ from ablate.cli.options import (
     RunsDir,
     RunsRoot,
     SweepSpec,
+    Wide,
     check_choice,
     fail,
     new_app,
+    short_keys,
+    table_width,
+    text_table,
 )
 
 sweep_app = new_app("Grid sweeps over recipe toggles x seeds (docs/sweeps.md).")
@@ -50,21 +53,21 @@ def _load(spec: Path, out: Path | None = None):
     return sweep, runs
 
 
-def plan_table(runs, states: dict[str, str] | None = None) -> Table:
-    """One row per run: id, arm, the toggles that vary, seed (and the current state, if known)."""
+def plan_table(runs, states: dict[str, str] | None = None, width: int | None = 80) -> str:
+    """One row per run: #, id, arm, the toggles that vary, seed (and the current state, if known), within
+    `width` columns (run ids are never cut; toggles are left out from the right, and said so)."""
     keys = list(dict.fromkeys(k for r in runs for k in r.toggles))
+    short = short_keys(keys)
     has_arm = any(r.arm for r in runs)
-    table = Table(title=f"{len(runs)} runs")
-    for col in ["#", "run id"] + ["arm"] * has_arm + keys + ["seed"] + ["state"] * (states is not None):
-        table.add_column(col)
-    for i, r in enumerate(runs):
-        row = [str(i), r.run_id] + [r.arm or ""] * has_arm + [str(r.toggles.get(k, "")) for k in keys] + [str(r.seed)]
-        table.add_row(*row, *([states.get(r.run_id, "missing")] if states is not None else []))
-    return table
+    header = ["#", "run id"] + ["arm"] * has_arm + keys + ["seed"] + ["state"] * (states is not None)
+    rows = [[str(i), r.run_id] + [r.arm or ""] * has_arm + [str(r.toggles.get(k, "")) for k in keys] + [str(r.seed)]
+            + ([states.get(r.run_id, "missing")] if states is not None else []) for i, r in enumerate(runs)]
+    return f"{len(runs)} runs\n" + text_table(header, rows, width, drop=("#", *reversed([short[k] for k in keys])),
+                                             abbrev=short)
 
 
 @sweep_app.command(cls=Command)
-def plan(spec: SweepSpec, out: RunsRoot = None):
+def plan(spec: SweepSpec, out: RunsRoot = None, wide: Wide = False):
     """Print every run of the sweep (id, toggles, seed); submits nothing."""
     from ablate.experiments.launch import MANIFEST, sweep_status
     from ablate.experiments.sweep import SpecError
@@ -75,8 +78,8 @@ def plan(spec: SweepSpec, out: RunsRoot = None):
         states = {r["run_id"]: r["state"] for r in sweep_status(sweep.out)} if (sweep.out / MANIFEST).exists() else None
     except (SpecError, RunFolderError) as err:
         fail(f"{err}")
-    console.print(plan_table(runs, states))
-    console.print(f"runs root: {sweep.out}")
+    typer.echo(plan_table(runs, states, table_width(wide)))
+    typer.echo(f"runs root: {sweep.out}")
 
 
 @sweep_app.command(cls=Command)
@@ -87,12 +90,18 @@ def run(spec: SweepSpec,
         max_parallel: int | None = typer.Option(None, "--max-parallel", metavar="N",
                                                 help="local: processes; slurm: array parallelism"),
         out: RunsRoot = None,
-        quiet: Quiet = False):
+        quiet: Quiet = False,
+        wait: bool = typer.Option(False, "--wait", help="block until every run of the sweep has ended (SLURM "
+                                  "too); exit 1 naming each run that failed, diverged or was cancelled"),
+        poll: float = typer.Option(10.0, "--poll", metavar="S", help="with --wait: seconds between status checks")):
     """Submit the runs that are failed, cancelled or missing; completed runs are skipped."""
-    from ablate.experiments.launch import launch, sweep_status
+    from ablate.experiments.launch import UNSUCCESSFUL, launch, sweep_status
+    from ablate.experiments.launch import wait as wait_for
     from ablate.experiments.sweep import SpecError
 
     check_choice("--executor", executor, ("local", "slurm", "debug"))
+    if poll <= 0:
+        fail(f"--poll {poll}: must be > 0 seconds")
     sweep, runs = _load(spec, out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ablate.runs.store import RunFolderError
@@ -103,10 +112,37 @@ def run(spec: SweepSpec,
         fail(f"{err}")
     console.print(f"{len(runs)} runs: {len(res['submitted'])} submitted, {len(res['skipped'])} already finished, "
                   f"{len(res['active'])} still active -> {sweep.out}")
-    rows = sweep_status(sweep.out)
-    bad = [r for r in rows if r["run_id"] in res["submitted"] and r["state"] in ("failed", "cancelled")]
-    _counts(rows)
+    if not wait:
+        rows = sweep_status(sweep.out)
+        bad = [r for r in rows if r["run_id"] in res["submitted"] and r["state"] in ("failed", "cancelled")]
+        _counts(rows)
+        raise typer.Exit(1 if bad else 0)
+    rows = wait_for(sweep.out, poll, log=_counts)  # every run of the sweep, submitted now or before
+    bad = [r for r in rows if r["state"] in UNSUCCESSFUL]
+    for r in bad:
+        err = (r["error"] or "").strip().splitlines()
+        typer.echo(f"{r['state']}: {r['run_id']} ({r['arm'] or 'seed ' + str(r['seed'])}) at step {r['step']}/"
+                   f"{r['steps']}{': ' + err[-1][:200] if err else ''}")
     raise typer.Exit(1 if bad else 0)
+
+
+def status_table(rows: list[dict], width: int | None = 80) -> str:
+    """The `sweep status` table within `width` columns: the arm (named, else its toggle values), the toggles
+    when arms are named, seed, state, step; job, scheduler and the error's last line as room allows."""
+    from ablate.experiments.launch import arm_label
+
+    named = any(r["toggles"] and r["arm"] != arm_label(r["toggles"]) for r in rows)
+    keys = list(dict.fromkeys(k for r in rows for k in r["toggles"])) if named else []
+    short = short_keys(keys)
+    header = ["run id", "arm", *keys, "seed", "state", "step", "job", "scheduler", "error"]
+    body = []
+    for r in rows:
+        err = (r["error"] or "").strip().splitlines()
+        body.append([r["run_id"], r["arm"] or "", *[str(r["toggles"].get(k, "")) for k in keys], str(r["seed"]),
+                     r["state"], f"{r['step']}/{r['steps']}", r["job_id"] or "", r["scheduler"] or "",
+                     err[-1] if err else ""])
+    drop = ("scheduler", "job", *reversed([short[k] for k in keys]))
+    return text_table(header, body, width, drop=drop, squeeze="error", abbrev=short)
 
 
 def _counts(rows) -> None:
@@ -117,7 +153,7 @@ def _counts(rows) -> None:
 
 
 @sweep_app.command(cls=Command)
-def status(runs_dir: RunsDir, as_json: AsJson = False):
+def status(runs_dir: RunsDir, as_json: AsJson = False, wide: Wide = False):
     """Counts and per-run state (run store + scheduler)."""
     from ablate.experiments.launch import stale_runs, sweep_status
     from ablate.experiments.sweep import SpecError
@@ -130,16 +166,7 @@ def status(runs_dir: RunsDir, as_json: AsJson = False):
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    keys = list(dict.fromkeys(k for r in rows for k in r["toggles"]))
-    table = Table(title=str(runs_dir))
-    for col in ["run id", "arm", *keys, "seed", "state", "step", "job", "scheduler", "error"]:
-        table.add_column(col)
-    for r in rows:
-        err = (r["error"] or "").strip().splitlines()
-        table.add_row(r["run_id"], r["arm"] or "", *[str(r["toggles"].get(k, "")) for k in keys], str(r["seed"]),
-                      r["state"], f"{r['step']}/{r['steps']}", r["job_id"] or "", r["scheduler"] or "",
-                      err[-1][:60] if err else "")
-    console.print(table)
+    typer.echo(status_table(rows, table_width(wide)))
     _counts(rows)
     stale = stale_runs(runs_dir)
     if stale:

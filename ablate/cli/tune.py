@@ -17,9 +17,22 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from ablate.cli.options import AsJson, Command, Group, Profile, RunsRoot, SearchSpec, check_choice, fail, new_app
+from ablate.cli.options import (
+    AsJson,
+    Command,
+    Group,
+    Profile,
+    RunsRoot,
+    SearchSpec,
+    Wide,
+    check_choice,
+    fail,
+    new_app,
+    short_keys,
+    table_width,
+    text_table,
+)
 
 
 class _RunByDefault(Group):
@@ -226,7 +239,8 @@ def run(spec: SearchSpec,
 
 
 @tune_app.command(cls=Command)
-def status(spec: SearchSpec, storage: str | None = Storage, out: RunsRoot = None, as_json: AsJson = False):
+def status(spec: SearchSpec, storage: str | None = Storage, out: RunsRoot = None, as_json: AsJson = False,
+           wide: Wide = False):
     """Best trial (and a sweep snippet reproducing it), trials by state, parameter importances."""
     s = _load(spec, out, storage)
     prefix = next((p for p in ("sqlite:///", "journal:") if s.storage.startswith(p)), None)
@@ -237,23 +251,22 @@ def status(spec: SearchSpec, storage: str | None = Storage, out: RunsRoot = None
         if as_json:
             typer.echo(json.dumps(summary(s), indent=1, default=str))
         else:
-            _print_status(s)
+            _print_status(s, wide)
     except KeyError as err:  # optuna.load_study: no such study
         fail(f"no study {s.name!r} in {s.storage} ({err})")
 
 
-def _print_status(s) -> None:
+def _print_status(s, wide: bool = False) -> None:
     info = summary(s)
-    table = Table(title=f"study {s.name} ({s.storage})")
     keys = [p.key for p in s.params]
-    for col in ["#", "state", s.metric, *keys, "run ids", "note"]:
-        table.add_column(col)
+    rows = []
     for t in info["trials"]:
-        note = f"retry of {t['retry_of']}" if t["retry_of"] is not None else (t["error"] or "").splitlines()[-1:]
-        table.add_row(str(t["number"]), t["state"], "" if t["value"] is None else f"{t['value']:.4g}",
-                      *[str(t["params"].get(k, "-")) for k in keys], " ".join(t["run_ids"]),
-                      note if isinstance(note, str) else "".join(note)[:60])
-    console.print(table)
+        note = f"retry of {t['retry_of']}" if t["retry_of"] is not None else "".join((t["error"] or "").splitlines()[-1:])
+        rows.append([str(t["number"]), t["state"], "" if t["value"] is None else f"{t['value']:.4g}",
+                     *[str(t["params"].get(k, "-")) for k in keys], " ".join(t["run_ids"]), note])
+    typer.echo(f"study {s.name} ({s.storage})")
+    typer.echo(text_table(["#", "state", s.metric, *keys, "run ids", "note"], rows, table_width(wide),
+                          drop=("run ids",), squeeze="note", abbrev=short_keys([s.metric, *keys])))
     console.print("trials: " + "  ".join(f"{k}: {v}" for k, v in sorted(info["counts"].items())))
     if info["importances"]:
         console.print("importance: " + "  ".join(f"{k} {v:.2f}" for k, v in info["importances"].items()))
@@ -299,7 +312,8 @@ def confirm(spec: SearchSpec,
         from ablate.cli.sweep import run as sweep_run
 
         try:
-            sweep_run(path, executor="local", profile=None, max_parallel=None, out=None, quiet=True)
+            sweep_run(path, executor="local", profile=None, max_parallel=None, out=None, quiet=True, wait=False,
+                      poll=10.0)
         except typer.Exit as e:
             if e.exit_code:
                 raise

@@ -63,6 +63,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         if threads:
             torch.set_num_threads(threads)
         _note_worker()
+        _watch_launcher()
         return train(parse(self.cfg_dict), self.run_dir, progress=False)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
@@ -89,6 +90,38 @@ def _note_worker() -> None:
     info = {"pid": os.getpid(), "host": env.hostname, "job_id": env.job_id, "started": time.time()}
     path = Path(env.paths.folder) / f"{env.job_id}_worker.json"
     atomic_write(path, lambda f: f.write(json.dumps(info).encode()))
+
+
+LAUNCHER = "ABLATE_LAUNCHER"  # "<pid>:<start time>" of a foreground `ablate sweep run` (local executor)
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot, /proc/<pid>/stat), None when it is gone:
+    with the pid it names one process, even once the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _watch_launcher(poll_s: float = 1.0) -> None:
+    """In a local worker: when the foreground launcher that started it is gone (kill -9, a closed terminal),
+    end the run `cancelled` instead of training on as an orphan nobody follows. submitit's local
+    controller outlives its parent by design; it exits once its worker has."""
+    import threading
+
+    from ablate.train import preemption
+
+    pid, _, start = os.environ.get(LAUNCHER, "").partition(":")
+    if not pid.isdigit():
+        return
+
+    def watch():
+        while _started(int(pid)) == start:
+            time.sleep(poll_s)
+        preemption.request_stop(f"the sweep launcher (ablate sweep run, pid {pid}) is gone; rerun it to resume")
+
+    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
 def _importable() -> None:
@@ -192,6 +225,12 @@ def effective_state(store_state: str | None, sched: str | None) -> str:
     return "missing"
 
 
+def arm_label(toggles: dict) -> str | None:
+    """The arm of a run of a sweep without named arms: its toggle values, `kl_coef=0.04 scale=group` (the
+    last part of each key, as the report's factor labels)."""
+    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in toggles.items()) or None
+
+
 def stale_runs(out: str | Path) -> list[str]:
     """Run ids the manifest keeps from an earlier expansion of the spec (see _manifest_for)."""
     m = read_manifest(Path(out)) or {"runs": {}}
@@ -218,11 +257,30 @@ def sweep_status(out: str | Path) -> list[dict]:
             # resubmitted, and SLURM accounting does not list the new job yet (sacct lags sbatch by ~0-2 s):
             # the failed/cancelled store is the previous attempt's, not this job's
             store_state = None
-        rows.append({"run_id": rid, "arm": e.get("arm"), "seed": e.get("seed"), "toggles": e.get("toggles", {}),
+        rows.append({"run_id": rid, "arm": e.get("arm") or arm_label(e.get("toggles", {})), "seed": e.get("seed"), "toggles": e.get("toggles", {}),
                      "state": effective_state(store_state, sched.get(rid)), "store": st.get("state"),
                      "scheduler": sched.get(rid), "step": st.get("step", 0), "steps": e.get("steps"),
                      "job_id": job.get("job_id"), "executor": job.get("executor"), "error": st.get("error")})
     return rows
+
+
+UNFINISHED = ("running", "pending")
+UNSUCCESSFUL = ("failed", "diverged", "cancelled", "missing")
+
+
+def wait(out: str | Path, poll_s: float = 10.0, log=None) -> list[dict]:
+    """Block until no run of the sweep in `out` is running or pending (any executor: the run store and the
+    scheduler, as `sweep_status`); returns the final status rows. `log(rows)` is called when counts change."""
+    last = None
+    while True:
+        rows = sweep_status(out)
+        counts = sorted((st, sum(r["state"] == st for r in rows)) for st in {r["state"] for r in rows})
+        if log is not None and counts != last:
+            log(rows)
+        last = counts
+        if not any(r["state"] in UNFINISHED for r in rows):
+            return rows
+        time.sleep(poll_s)
 
 
 # --- executors ---------------------------------------------------------------------------------------
@@ -400,6 +458,7 @@ def _run_local(out: Path, todo: list[RunSpec], m: dict, folder: Path, settings: 
                          signal_delay_s=settings.get("signal_delay_s", 30))
     pending, active, started = list(todo), {}, time.time()
     _importable()
+    os.environ[LAUNCHER] = f"{os.getpid()}:{_started(os.getpid())}"  # workers stop when this process is gone
     with view(out, todo) as live:
         try:
             while pending or active:

@@ -268,10 +268,17 @@ def make_pruner(spec: SearchSpec) -> optuna.pruners.BasePruner:
 
 
 def open_study(spec: SearchSpec, worker: int = 0, create: bool = False) -> optuna.Study:
-    kw = dict(study_name=spec.name, storage=make_storage(spec.storage, spec.heartbeat),
-              sampler=make_sampler(spec, worker), pruner=make_pruner(spec))
+    kw = lambda: dict(study_name=spec.name, storage=make_storage(spec.storage, spec.heartbeat),  # noqa: E731
+                      sampler=make_sampler(spec, worker), pruner=make_pruner(spec))
     if not create:
-        return optuna.load_study(**kw)
+        return optuna.load_study(**kw())
+    spec.out.mkdir(parents=True, exist_ok=True)
+    with open(spec.out / ".study.lock", "w") as lock:  # two `ablate tune` starting at once: one creates the
+        fcntl.flock(lock, fcntl.LOCK_EX)                 # storage's tables and the study, the other finds them
+        return _create_study(spec, kw())
+
+
+def _create_study(spec: SearchSpec, kw: dict) -> optuna.Study:
     study = optuna.create_study(direction=spec.direction, load_if_exists=True, **kw)
     if study.direction.name.lower() != spec.direction:
         raise SpecError(f"{spec.source}: objective.direction: study {spec.name!r} in {spec.storage} exists with "

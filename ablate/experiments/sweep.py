@@ -344,6 +344,7 @@ def expand(spec: Sweep) -> list[RunSpec]:
     bad: dict[str, str] = {}
     for arm, point, included in _points(spec):
         swept.update(dict.fromkeys(point))
+        point_cfg, point_ok = None, False  # a point's validity does not depend on its seed (beyond seed >= 0)
         for seed in seeds:
             values = point if seed is None else {**point, "seed": seed}
             if not included and spec.exclude:
@@ -359,13 +360,16 @@ def expand(spec: Sweep) -> list[RunSpec]:
             rid = C.hash_config(d)
             if rid in runs or rid in bad:
                 continue
-            cfg = _replace(arm_cfgs[arm], values)
-            try:
-                C.validate(cfg)
-            except C.ConfigError as e:
-                where = ", ".join([f"arm={arm}"] * (arm is not None) + [f"{k}={v!r}" for k, v in values.items()])
-                bad[rid] = f"run ({where}): {str(e).replace(chr(10), chr(10) + '    ')}"
-                continue
+            point_cfg = point_cfg or _replace(arm_cfgs[arm], point)
+            cfg = point_cfg if seed is None else dataclasses.replace(point_cfg, seed=seed)
+            if not (point_ok and cfg.seed >= 0):  # validated once per point: linear and ~10x cheaper in seeds
+                try:
+                    C.validate(cfg)
+                    point_ok = True
+                except C.ConfigError as e:
+                    where = ", ".join([f"arm={arm}"] * (arm is not None) + [f"{k}={v!r}" for k, v in values.items()])
+                    bad[rid] = f"run ({where}): {str(e).replace(chr(10), chr(10) + '    ')}"
+                    continue
             runs[rid] = RunSpec(rid, cfg, arm, cfg.seed, {})
     if bad:
         raise SpecError(f"{spec.source}: {len(bad)} invalid run(s); nothing submitted:\n  - "

@@ -13,11 +13,13 @@
 
 Appends are line-buffered so a crash loses at most the step in flight; readers skip a half-written
 last line (and report any other damaged line with its file and line number). Files that are replaced (config, status, checkpoint) are written to a temporary file and
-renamed, so a reader never sees a partial one.
+renamed, so a reader never sees a partial one; on a full disk the temporary file is removed and the final
+status is written over status.json's own bytes, so a run never stays `running` after it ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -84,13 +86,32 @@ def unpack(data, tensors: dict):
 
 
 def atomic_write(path: Path, write) -> None:
-    """`write(file)` into a temporary sibling, then rename over `path`."""
+    """`write(file)` into a temporary sibling, then rename over `path`. On any error (a full disk) the
+    temporary file is removed: no empty or partial leftovers, and `path` is unchanged."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def overwrite_in_place(path: Path, data: bytes) -> None:
+    """Write `data` over `path`'s own bytes (then cut it to length): works on a full disk, where a new
+    temporary file cannot get a block but a small file's first block is already its own. Not atomic:
+    only for the last status write of a run that is failing anyway."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -193,6 +214,7 @@ class RunStore:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "resumed_from_steps": self.provenance().get("resumed_from_steps", []),  # kept across restarts
+            **{k: v for k, v in self.provenance().items() if k == "extended_from"},  # --extend-to: the source run
         }
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 
@@ -226,7 +248,14 @@ class RunStore:
     def set_status(self, state: str, step: int, error: str | None = None) -> None:
         assert state in STATES, state
         row = {"state": state, "step": step, "error": error, "updated": time.time()}
-        atomic_write(self.path("status.json"), lambda f: f.write(json.dumps(row, indent=2).encode()))
+        try:
+            atomic_write(self.path("status.json"), lambda f: f.write(json.dumps(row, indent=2).encode()))
+        except OSError as err:  # disk full, quota, file-size limit: a short row in the file's own blocks
+            if not self.path("status.json").exists():
+                raise
+            last = (error or "").strip().splitlines()[-1:] or [""]
+            row["error"] = f"{last[0][:400]} [status.json rewritten in place: {err.strerror}]".lstrip()
+            overwrite_in_place(self.path("status.json"), json.dumps(row).encode())
         self._mirror("status", state, step, error)
 
     # --- append-only logs ---

@@ -16,6 +16,7 @@ import json
 import netrc
 import os
 import secrets
+import sys
 import warnings
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -98,16 +99,33 @@ def open_mirrors(cfg: RunConfig, run_dir) -> list:
     try:
         return [WandbMirror(cfg, run_dir, mode)]
     except Exception as err:  # noqa: BLE001 - a dashboard must never stop training
+        why = _why(err, init_timeout(cfg))
         if mode == "online" and cfg.tracking.wandb.mode == "auto" and not os.environ.get("WANDB_MODE"):
             try:  # auto with unreachable W&B: keep the history in offline files for `wandb sync`
                 mirror = WandbMirror(cfg, run_dir, "offline")
-                _warn(f"W&B online start failed ({err!r}); logging offline instead under {run_dir}/wandb")
+                _warn(f"W&B online start failed ({why}); logging offline instead under {run_dir}/wandb")
                 return [mirror]
             except Exception as err2:  # noqa: BLE001
-                err = err2
-        _warn(f"W&B disabled: it failed to start ({err!r}); training continues and the local run store in "
+                why = _why(err2, init_timeout(cfg))
+        _warn(f"W&B disabled: it failed to start ({why}); training continues and the local run store in "
               f"{run_dir} stays complete")
         return []
+
+
+def init_timeout(cfg: RunConfig) -> float:
+    """Seconds wandb.init may wait for the server: `tracking.timeout_s`, unless WANDB_INIT_TIMEOUT is set."""
+    try:
+        return float(os.environ["WANDB_INIT_TIMEOUT"])
+    except (KeyError, ValueError):
+        return cfg.tracking.timeout_s
+
+
+def _why(err: Exception, timeout: float) -> str:
+    """One line: W&B's errors run to several (a retry log and advice on init_timeout)."""
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    if any(w in first.lower() for w in ("timed out", "timeout", "deadline exceeded")):
+        return f"no answer within {timeout:g} s, tracking.timeout_s: {first}"
+    return f"{type(err).__name__}: {first}"
 
 
 def _warn(msg: str) -> None:
@@ -128,12 +146,13 @@ class WandbMirror:
         self.last_step = saved.get("last_step", -1)  # steps <= this are already in the W&B run
         w = cfg.tracking.wandb
         name = os.environ.get("WANDB_NAME") or w.name or run_name(cfg)
-        timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", "60"))
+        timeout = init_timeout(cfg)
         self.run = wandb.init(
             id=self.id, resume="allow", mode=mode, dir=str(self.root), entity=w.entity, project=w.project,
             group=w.group, job_type=w.job_type, name=name, tags=run_tags(cfg),
             config={"run_id": run_id(cfg), **to_dict(cfg)}, allow_val_change=True, reinit="create_new",
-            settings=wandb.Settings(init_timeout=timeout, console="off", quiet=True, save_code=False))
+            settings=wandb.Settings(init_timeout=timeout, console="off", quiet=True, silent=True, save_code=False))
+        self.offline = mode == "offline"
         self._write_state()  # the id first, so a crash from here on still resumes this W&B run
         self.run.define_metric("train/step")
         for prefix in ("train", "eval", "perf", "counters"):
@@ -174,7 +193,10 @@ class WandbMirror:
         with self._finish_on_error():
             self._commit()
             self.run.summary.update(self._summary(state))
+            folder = self.run.dir
             self.run.finish(exit_code=1 if state == "failed" else 0)
+            if self.offline:  # W&B's own footer (silenced) takes three lines for this
+                print(f"wandb: offline; upload with `wandb sync {Path(folder).parent}`", file=sys.stderr)
 
     # internals
     def _commit(self) -> None:

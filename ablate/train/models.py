@@ -52,8 +52,17 @@ def load_tokenizer(path: str):
 
 
 def load_model(path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """The real loading path: a local folder or a hub id."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    """The real loading path: a local folder or a hub id. Without transformers' weight-loading bar (a
+    few milliseconds for a local model; the trainer has its own progress view)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 # --- LoRA and checkpoint weights --------------------------------------------------------------------

@@ -73,3 +73,49 @@ def step():
         _in_step = False
     while _pending:
         signal.getsignal(SIGNAL)(*_pending.pop(0))
+
+
+# --- stop requests: SIGTERM, Ctrl-C, a dead launcher -------------------------------------------------
+
+class Stopped(BaseException):
+    """The process was asked to stop (SIGTERM); like KeyboardInterrupt, not an error of the run: the
+    trainer ends it `cancelled`, naming the reason, and re-raises."""
+
+
+_stop_reason: str | None = None
+
+
+def stop_reason(err: BaseException) -> str:
+    """Why a Stopped or KeyboardInterrupt ended the run (the status.json `error` of a cancelled run)."""
+    if isinstance(err, Stopped):
+        return str(err)
+    return _stop_reason or "interrupted (SIGINT, e.g. Ctrl-C)"
+
+
+def request_stop(reason: str) -> None:
+    """From any thread (e.g. a watchdog): interrupt the main thread, which ends the run `cancelled: reason`."""
+    import _thread
+
+    global _stop_reason
+    _stop_reason = reason
+    _thread.interrupt_main()
+
+
+@contextmanager
+def stop_on_sigterm():
+    """While the trainer runs, SIGTERM raises Stopped in the main thread (by default SIGTERM ends the process
+    on the spot and status.json stays `running`). A SIGTERM handler someone else installed is left alone
+    (submitit's workers ignore SIGTERM on purpose: SLURM's SIGKILL follows)."""
+    prev = signal.getsignal(signal.SIGTERM)
+    active = prev == signal.SIG_DFL and threading.current_thread() is threading.main_thread()
+
+    def stop(signum, frame):
+        raise Stopped("stopped by SIGTERM (kill, timeout, or the container or job being stopped)")
+
+    if active:
+        signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        if active:
+            signal.signal(signal.SIGTERM, prev)

@@ -411,7 +411,8 @@ def train_samples(task, batch: Batch, rewards, adv, cfg: RunConfig, tokenizer) -
 def train(cfg: RunConfig, out_dir: str, progress: bool = True,
           should_prune: Callable[[int, dict], bool] | None = None) -> str:
     """Train `cfg` into the run folder `out_dir` (resuming from its checkpoint if any); returns the final
-    state: completed, diverged, pruned or failed (failed also re-raises). `should_prune(step, eval_row)`
+    state: completed, diverged, pruned or failed (failed also re-raises; so does cancelled, by
+    SIGTERM or Ctrl-C). `should_prune(step, eval_row)`
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.runs.tracking import open_mirrors
 
@@ -428,12 +429,17 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     state = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
-        state = _train(cfg, store, device, progress, should_prune)
+        with preemption.stop_on_sigterm():  # SIGTERM ends the run `cancelled`, not `running` forever
+            state = _train(cfg, store, device, progress, should_prune)
         return state
     except Diverged as err:  # found outside the update (sampling, evaluation): the step in flight diverged
         state = "diverged"
         store.set_status("diverged", (store.status() or {}).get("step", 0) + 1, str(err))
         return state
+    except (preemption.Stopped, KeyboardInterrupt) as err:  # SIGTERM, Ctrl-C, a dead sweep launcher
+        state = "cancelled"
+        store.set_status("cancelled", (store.status() or {}).get("step", 0), preemption.stop_reason(err))
+        raise
     except BaseException as err:
         if isinstance(err, SystemExit) and preemption.checkpointed_for_requeue():
             state = "running"  # the scheduler requeues the job; it resumes from the checkpoint just saved
