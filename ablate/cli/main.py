@@ -49,6 +49,8 @@ def train(
                                             help="override a dotted key, e.g. recipe.eps_high=0.28")] = [],  # noqa: B006
     out: Annotated[Path | None, typer.Option("--out", metavar="DIR", help="run folder (default runs/<run_id>)")] = None,
     quiet: Quiet = False,
+    nproc: Annotated[int, typer.Option("--nproc", metavar="N", help="ranks on this machine (torch.distributed; "
+                                       "the result does not depend on N)")] = 1,
 ):
     """Train one run; resumes if DIR holds a checkpoint of the same config."""
     from ablate.config import ConfigError, load, run_id
@@ -65,8 +67,20 @@ def train(
     problem = out_problem(out, "--out")
     if problem:
         fail(f"{problem}")
+    if nproc < 1:
+        fail(f"--nproc {nproc}: give the number of ranks, >= 1")
     try:
-        state = run_train(cfg, str(out), progress=not quiet)
+        if nproc > 1:  # N local ranks, each running run_train (docs/scale.md)
+            from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+            from ablate.train.distributed import launch
+            try:
+                state = launch(nproc, [(cfg, str(out))])[0]
+            except ChildFailedError as err:
+                typer.echo(f"failed: {out}\n{err.format_msg()}", err=True)
+                raise typer.Exit(1) from None
+        else:
+            state = run_train(cfg, str(out), progress=not quiet)
     except (RunFolderError, ConfigError) as err:  # refused before anything was written
         fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
     typer.echo(f"{state}: {out}")

@@ -178,7 +178,8 @@ class RunStore:
             self.read(log)
         self.load_checkpoint(run, mmap=True)
 
-    def write_provenance(self, cfg: RunConfig, device: str) -> None:
+    def write_provenance(self, cfg: RunConfig, device: str, **extra) -> None:
+        """provenance.json; `extra`: more facts of this start (e.g. the sampler, the world size)."""
         import torch  # here and in the checkpoint methods only: reading a run store needs no torch
         import transformers
 
@@ -191,6 +192,7 @@ class RunStore:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "resumed_from_steps": self.provenance().get("resumed_from_steps", []),  # kept across restarts
+            **extra,
         }
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 
