@@ -200,13 +200,16 @@ def launch(nproc: int, jobs: list[tuple[Any, str]]) -> list[str]:
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                          monitor_interval=0.2, start_method="spawn")
+                          monitor_interval=0.2, start_method="spawn" if torch.cuda.is_initialized() else "fork")
     try:
         return elastic_launch(config, _worker)(jobs)[0]
     except ChildFailedError as err:
-        for _, out in jobs:
+        for _, out in jobs:  # in order: the first one not finished is the one that was training
             store = RunStore(out)
             status = store.status()
-            if status is not None and status["state"] == "running":  # rank 0 was killed or stopped
-                store.set_status("failed", status["step"], err.format_msg())
+            if status is not None and status["state"] in ("running", "failed"):
+                # rank 0 was killed (still "running"), or wrote its own traceback: add the root cause
+                own = status["error"] + "\n" if status["state"] == "failed" and status["error"] else ""
+                store.set_status("failed", status["step"], own + err.format_msg())
+                break
         raise
