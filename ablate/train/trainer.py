@@ -189,7 +189,8 @@ def sample_groups(policy, task, problems: list[Problem], cfg: RunConfig, tokeniz
         return ro, total, correct, fmt, over, strict
 
     parts = distributed.map_shards(len(problems), mine)
-    ro = distributed.to_device(Rollout.cat([p[0] for p in parts], policy.pad_id), policy.device)
+    ro = Rollout.cat([p[0] for p in parts], policy.pad_id)
+    ro = distributed.to_device(ro, policy.device) if distributed.world() > 1 else ro  # gathered on the CPU
     return (ro, *(torch.cat([p[i] for p in parts]) for i in range(1, 6)), seconds[0])
 
 
