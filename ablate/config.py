@@ -39,6 +39,7 @@ AdvWhiten = Literal["none", "token", "token_returns", "gae"]
 # policy losses that take recipe.ratio_level (the others define their own ratio or have none)
 RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
 DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling", "prioritized", "curriculum"]
+Parallel = Literal["ddp", "fsdp"]
 
 
 class ConfigError(ValueError):
@@ -266,6 +267,10 @@ class ComputeConfig:
     deterministic: bool = False  # deterministic kernels + fixed threads: bitwise-identical reruns, slower
     fp32_logits: bool = True  # under bf16 autocast (CUDA) the lm-head and log-softmax run in fp32
     threads: int = 0  # torch intra-op threads; 0 = torch's default (1 when deterministic)
+    # how the ranks of a multi-process run (`ablate train --nproc N`, SLURM tasks) share the update: "ddp"
+    # replicates the model and sums gradients; "fsdp" (FSDP2 fully_shard) is not implemented yet
+    parallel: Parallel = "ddp"
+    collective_timeout_s: int = 1800  # a collective that waits longer fails the run (a rank died or hangs)
 
 
 @dataclass(frozen=True)
@@ -613,6 +618,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
     check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
     check(0 < cfg.tracking.timeout_s < math.inf, "tracking.timeout_s must be > 0 seconds (and finite)")
+    check(cfg.compute.parallel == "ddp", "compute.parallel='fsdp' (FSDP2 fully_shard) is not implemented yet; "
+          "allowed values: 'ddp' (every rank holds the whole model and sums gradients)")
+    check(cfg.compute.collective_timeout_s >= 1, "compute.collective_timeout_s must be >= 1 (seconds)")
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")

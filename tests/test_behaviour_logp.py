@@ -17,7 +17,7 @@ from ablate.train.models import load_model, load_tokenizer
 from ablate.train.rollout import LMPolicy
 from ablate.train.trainer import sequence_logprobs, train
 
-GOLDEN = Path(__file__).parent / "data" / "golden_main_26ef64a.json"
+GOLDEN = Path(__file__).parent / "data" / "golden_sampler_v1.json"
 
 
 def test_draw_returns_the_log_prob_of_the_drawn_token_after_temperature():
@@ -65,7 +65,7 @@ def test_select_and_cat_keep_behaviour_logp():
     assert torch.equal(sub.behav_logp, both.behav_logp[[4, 0]]) and sub.texts == [both.texts[4], both.texts[0]]
 
 
-# --- bit for bit against the unmodified trainer (logs recorded at commit 26ef64a) ---------------
+# --- bit for bit against the trainer before staleness (logs of 26ef64a, re-recorded with the v1 sampler) --
 
 GOLDEN_CONFIGS = {
     "toy": ("configs/toy.yaml", ["steps=12", "eval.every=4"]),
@@ -89,9 +89,11 @@ def test_staleness_0_without_correction_reproduces_the_unmodified_trainer(tmp_pa
         torch.set_num_threads(threads)
     golden = json.loads(GOLDEN.read_text())[name]
     store = RunStore(tmp_path)
-    # Since the recording, float64 rewards/advantages (offset invariance) and the chunked log-prob backward
-    # (micro-batching) changed float rounding, and later features added metrics: the logged keys of then
-    # must hold the same samples and rewards exactly and the same float numbers to float32 rounding.
+    # Since the first recording (26ef64a), float64 rewards/advantages (offset invariance) and the chunked
+    # log-prob backward (micro-batching) changed float rounding, and later features added metrics: the logged
+    # keys of then must hold the same samples and rewards exactly and the same float numbers to float32
+    # rounding. The global-row inverse-CDF sampler (global_row_inverse_cdf_v1) changed the samples; the logs
+    # were re-recorded with it, keeping the keys of 26ef64a.
     for log in ("metrics", "evals", "samples"):
         rows = store.read(log)
         assert len(rows) == len(golden[log]), log

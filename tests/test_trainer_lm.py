@@ -24,6 +24,7 @@ def small(model_dir, **recipe):
     data = {"model": {"path": model_dir},
             "task": {"num_train": 64, "num_heldout": 8, "digits": [1], "operators": ["+"], "gameable": True},
             "prompts_per_step": 4, "steps": 2, "checkpoint_every": 0,
+            "seed": 1,  # with the v1 sampler seed 0's first batch has only dead groups on this barely trained model
             "eval": {"every": 0, "n_samples": 2, "ks": [1, 2]},
             "recipe": {"group_size": 4, "max_new_tokens": 6, **recipe}}
     preset = recipe.pop("preset", None)

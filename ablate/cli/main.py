@@ -53,6 +53,8 @@ def train(
     extend_to: Annotated[int | None, typer.Option(
         "--extend-to", metavar="N", help="continue the completed run in DIR to N steps, as a new run beside it "
                                          "(logs kept, extended_from in provenance; docs/run-folders.md)")] = None,
+    nproc: Annotated[int, typer.Option("--nproc", metavar="N", help="ranks on this machine (torch.distributed; "
+                                       "the result does not depend on N)")] = 1,
 ):
     """Train one run; resumes if DIR holds a checkpoint of the same config."""
     from ablate.config import ConfigError, load, run_id
@@ -69,6 +71,8 @@ def train(
     problem = out_problem(out, "--out")
     if problem:
         fail(f"{problem}")
+    if nproc < 1:
+        fail(f"--nproc {nproc}: give the number of ranks, >= 1")
     if extend_to is not None:
         from ablate.train.extend import extend
 
@@ -80,7 +84,17 @@ def train(
     from ablate.train.preemption import Stopped, stop_reason
 
     try:
-        state = run_train(cfg, str(out), progress=not quiet)
+        if nproc > 1:  # N local ranks, each running run_train (docs/scale.md)
+            from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+            from ablate.train.distributed import launch
+            try:
+                state = launch(nproc, [(cfg, str(out))])[0]
+            except ChildFailedError as err:
+                typer.echo(f"failed: {out}\n{err.format_msg()}", err=True)
+                raise typer.Exit(1) from None
+        else:
+            state = run_train(cfg, str(out), progress=not quiet)
     except (RunFolderError, ConfigError) as err:  # refused before anything was written
         fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
     except (Stopped, KeyboardInterrupt) as err:  # the run folder says `cancelled` and why

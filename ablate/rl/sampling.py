@@ -67,11 +67,34 @@ class Rollout:
         )
 
 
-def draw(logits: Tensor, temperature: float, greedy: bool) -> tuple[Tensor, Tensor]:
+SAMPLER = "global_row_inverse_cdf_v1"  # recorded in provenance.json: how the trainer draws its tokens
+TRAIN, EVAL = 0, 1  # the `purpose` part of a RowNoise key
+
+
+class RowNoise:
+    """Sampling noise indexed by the global row, not by the process: position t of every sequence takes the
+    t-th draw of a generator keyed by `key` (e.g. run seed, step, round, purpose), one uniform per row of
+    the global batch of `total` rows, of which this process samples rows [start, stop). However the rows
+    are split across ranks (or micro-batches), each row sees the same uniforms, so inverse-CDF sampling
+    (`draw` with `u`) picks the same tokens."""
+
+    def __init__(self, key: tuple[int, ...], total: int, start: int = 0, stop: int | None = None):
+        seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0])
+        self.gen = torch.Generator().manual_seed(seed)
+        self.total, self.start, self.stop = total, start, total if stop is None else stop
+
+    def next(self) -> Tensor:
+        """The uniforms in [0, 1) of the next position for this process's rows, [stop - start] float32."""
+        return torch.rand(self.total, generator=self.gen)[self.start:self.stop]
+
+
+def draw(logits: Tensor, temperature: float, greedy: bool, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One token per row from next-token logits [N, V] -> (tokens [N], behaviour log-probs [N]).
 
-    The log-prob is that of the drawn token under the distribution it was drawn from: softmax(logits / T),
-    float32; greedy decoding draws from a point mass, so its log-prob is 0.
+    With uniforms `u` [N] (a `RowNoise` draw) by inverse CDF: the first token whose cumulative probability
+    exceeds u (times the total, so rounding never runs past the last token); without, `torch.multinomial`
+    on the global torch RNG. The log-prob is that of the drawn token under the distribution it was drawn
+    from: softmax(logits / T), float32; greedy decoding draws from a point mass, so its log-prob is 0.
     """
     if greedy:
         tok = logits.argmax(-1)
@@ -79,7 +102,12 @@ def draw(logits: Tensor, temperature: float, greedy: bool) -> tuple[Tensor, Tens
     scaled = logits.float() / temperature
     probs = torch.softmax(scaled, dim=-1)
     check_finite("sampling probabilities", probs)
-    tok = torch.multinomial(probs, 1).squeeze(-1)
+    if u is None:
+        tok = torch.multinomial(probs, 1).squeeze(-1)
+    else:
+        cdf = probs.cumsum(-1)  # [N, V]
+        target = u.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
+        tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
     logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return tok, logp
 

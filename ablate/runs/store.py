@@ -201,7 +201,8 @@ class RunStore:
             self.read(log)
         self.load_checkpoint(run, mmap=True)
 
-    def write_provenance(self, cfg: RunConfig, device: str) -> None:
+    def write_provenance(self, cfg: RunConfig, device: str, **extra) -> None:
+        """provenance.json; `extra`: more facts of this start (e.g. the sampler, the world size)."""
         import torch  # here and in the checkpoint methods only: reading a run store needs no torch
         import transformers
 
@@ -215,6 +216,7 @@ class RunStore:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "resumed_from_steps": self.provenance().get("resumed_from_steps", []),  # kept across restarts
             **{k: v for k, v in self.provenance().items() if k == "extended_from"},  # --extend-to: the source run
+            **extra,
         }
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 

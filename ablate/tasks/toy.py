@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ablate.config import TaskConfig
-from ablate.rl.sampling import Rollout, draw
+from ablate.rl.sampling import Rollout, RowNoise, draw
 from ablate.tasks.base import Problem, Split
 
 NUM_PROMPTS = 64
@@ -102,10 +102,11 @@ class ToyPolicy(nn.Module):
 
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-               greedy: bool = False) -> Rollout:
+               greedy: bool = False, noise: RowNoise | None = None) -> Rollout:
         rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
-        tens, logp_tens = draw(self.first[rows], temperature, greedy)
-        ones, logp_ones = draw(self.second[rows, tens], temperature, greedy)
+        u = (lambda: None) if noise is None else noise.next  # one uniform per row and position
+        tens, logp_tens = draw(self.first[rows], temperature, greedy, u())
+        ones, logp_ones = draw(self.second[rows, tens], temperature, greedy, u())
         return self._rollout(rows, tens, ones, torch.stack([logp_tens, logp_ones], dim=1))
 
     def _rollout(self, rows: Tensor, tens: Tensor, ones: Tensor, behav_logp: Tensor) -> Rollout:
@@ -218,9 +219,10 @@ class ChapterStream:
 
 
 class ChapterToyPolicy(ToyPolicy):
-    """Training rollouts sample by inverse CDF from the uniforms its ChapterStream drew for them; held-out
-    evaluation and greedy decodes sample as the default toy does (torch RNG), so evaluating at any
-    schedule leaves the training trajectory unchanged. Tables are float64."""
+    """Training rollouts sample by inverse CDF from the uniforms its ChapterStream drew for them (a rank
+    takes its rows' share); held-out evaluation and greedy decodes sample as the default toy does (the
+    trainer's keyed row noise), so evaluating at any schedule leaves the training trajectory unchanged.
+    Tables are float64."""
 
     def __init__(self, task: ChapterToyTask):
         super().__init__(task)
@@ -231,10 +233,12 @@ class ChapterToyPolicy(ToyPolicy):
 
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-               greedy: bool = False) -> Rollout:
+               greedy: bool = False, noise: RowNoise | None = None) -> Rollout:
         if greedy or self.uniforms is None:
-            return super().sample(prompts, n, temperature, max_new_tokens, greedy)
+            return super().sample(prompts, n, temperature, max_new_tokens, greedy, noise)
         (u1, u2), self.uniforms = self.uniforms, None
+        if noise is not None:  # this rank's rows of the global batch the stream drew for
+            u1, u2 = u1[noise.start:noise.stop], u2[noise.start:noise.stop]
         rows = torch.tensor([self.index[p] for p in prompts for _ in range(n)])
         if len(rows) != len(u1):
             raise ValueError(f"the stream drew uniforms for {len(u1)} rows, sample asks for {len(rows)}")

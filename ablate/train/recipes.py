@@ -68,12 +68,13 @@ def token_weight(r: RecipeConfig, entropies: Tensor | None, mask: Tensor, is_wei
 
 
 def covariance_selection(r: RecipeConfig, params: dict, policy, micro: list, old_logp: Tensor | None,
-                         adv: Tensor, loss_mask: Tensor) -> Tensor | None:
+                         adv: Tensor, loss_mask: Tensor, split: bool = False) -> Tensor | None:
     """Clip-Cov / KL-Cov's selected tokens over a whole minibatch split into several micro-batches `micro`
     [(rows, sub-rollout)]: bool [N,T] (False outside the minibatch's rows), from a no-grad forward of the
     current policy over the same micro-batches, so the selection (its covariance means, token budget and
-    draw) is the one a single pass would make. None for one micro-batch or another loss: the loss selects."""
-    if r.policy_loss not in losses.COV_SELECTIONS or len(micro) < 2:
+    draw) is the one a single pass would make. None for one micro-batch or another loss: the loss selects.
+    `split`: the loss sees only part of the minibatch (several ranks), so the selection is made here."""
+    if r.policy_loss not in losses.COV_SELECTIONS or len(micro) < 2 and not split:
         return None
     rows = torch.cat([mb for mb, _ in micro])
     with torch.no_grad():

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from ablate.rl.sampling import Rollout, draw
+from ablate.rl.sampling import Rollout, RowNoise, draw
 
 
 @runtime_checkable
@@ -30,9 +30,10 @@ class RolloutEngine(Protocol):
     pad_id: int
 
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-               greedy: bool = False) -> Rollout:
+               greedy: bool = False, noise: RowNoise | None = None) -> Rollout:
         """n completions per prompt, rows grouped by prompt, with `Rollout.behav_logp`: the log-prob of each
-        sampled token under the distribution it was sampled from (after temperature; 0 where masked)."""
+        sampled token under the distribution it was sampled from (after temperature; 0 where masked).
+        `noise`: the uniforms of these rows, one per position (inverse-CDF sampling, rl/sampling.py)."""
 
     def sync_weights(self, module: torch.nn.Module, version: int) -> None:
         """Receive the trained weights after update `version` (the number of optimiser steps so far)."""
@@ -78,10 +79,11 @@ class LMPolicy:
 
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-               greedy: bool = False) -> Rollout:
+               greedy: bool = False, noise: RowNoise | None = None) -> Rollout:
         """n completions per prompt (rows grouped by prompt), with the behaviour log-prob of every sampled
         token (`Rollout.behav_logp`). Each prompt is prefilled once and its KV cache repeated n times: the
-        n rows of a group share it exactly (causal attention)."""
+        n rows of a group share it exactly (causal attention). With `noise` each token is drawn by inverse
+        CDF from its row's uniform of that position (the same token at any batch split)."""
         uids, umask = self.encode(prompts)
         ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
@@ -96,7 +98,7 @@ class LMPolicy:
             next_pos = positions[:, -1:] + 1
             attn = mask
             for t in range(max_new_tokens):
-                tok, logp = draw(logits, temperature, greedy)
+                tok, logp = draw(logits, temperature, greedy, None if noise is None else noise.next())
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 tokens.append(tok)
                 logps.append(torch.where(done, torch.zeros_like(logp), logp))  # 0 after EOS (masked)

@@ -12,7 +12,6 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,13 +23,13 @@ from ablate.rl import losses, stats
 from ablate.rl.advantages import compute_advantages
 from ablate.rl.divergence import Diverged, check_finite, check_parameters, overflow_is_divergence
 from ablate.rl.rewards import format_weight_at, overlong_penalty
-from ablate.rl.sampling import Rollout, keyed_stream
+from ablate.rl.sampling import EVAL, SAMPLER, TRAIN, Rollout, RowNoise
 from ablate.rl.schedules import at_step
 from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
-from ablate.train import execution, offpolicy, preemption, recipes
+from ablate.train import distributed, execution, offpolicy, preemption, recipes
 from ablate.train.critic import build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
@@ -163,15 +162,44 @@ def task_rewards(task, problems: list[Problem], rollout: Rollout, r: RecipeConfi
 
 
 def greedy_rewards(policy, task, problems: list[Problem], r: RecipeConfig, tokenizer, fmt_weight: float) -> torch.Tensor:
-    """ReMax's baseline: the task reward of one greedy decode per prompt, [B]."""
-    g = policy.sample([task.prompt_text(p, tokenizer) for p in problems], 1, 1.0, r.max_new_tokens, greedy=True)
-    return task_rewards(task, problems, g, r, 1, fmt_weight)[0].flatten()
+    """ReMax's baseline: the task reward of one greedy decode per prompt, [B] (each rank decodes its share)."""
+    def decode(part: slice) -> torch.Tensor:
+        g = policy.sample([task.prompt_text(p, tokenizer) for p in problems[part]], 1, 1.0, r.max_new_tokens,
+                          greedy=True)
+        return task_rewards(task, problems[part], g, r, 1, fmt_weight)[0].flatten()
+    return torch.cat(distributed.map_shards(len(problems), decode))
+
+
+def sample_groups(policy, task, problems: list[Problem], cfg: RunConfig, tokenizer, fmt_weight: float,
+                  key: tuple[int, ...]):
+    """G completions for each of `problems` and their rewards (task_rewards' four [B, G] tensors and the
+    strict verifier's [B, G]): each rank samples its share of the groups with the row noise of `key`, then
+    all ranks hold everything. Returns (rollout, total, correct, fmt, overlong, strict, reward seconds)."""
+    r, G = cfg.recipe, cfg.recipe.group_size
+    seconds = [0.0]
+
+    def mine(part: slice):
+        noise = RowNoise(key, len(problems) * G, part.start * G, part.stop * G)
+        ro = policy.sample([task.prompt_text(p, tokenizer) for p in problems[part]], G, r.temperature,
+                           r.max_new_tokens, noise=noise)
+        t1 = time.perf_counter()
+        total, correct, fmt, over = task_rewards(task, problems[part], ro, r, G, fmt_weight)
+        strict = torch.tensor(score_batch(task, [p for p in problems[part] for _ in range(G)], ro.texts,
+                                          train=False)).view(-1, G)
+        seconds[0] = time.perf_counter() - t1
+        return ro, total, correct, fmt, over, strict
+
+    parts = distributed.map_shards(len(problems), mine)
+    ro = Rollout.cat([p[0] for p in parts], policy.pad_id)
+    ro = distributed.to_device(ro, policy.device) if distributed.world() > 1 else ro  # gathered on the CPU
+    return (ro, *(torch.cat([p[i] for p in parts]) for i in range(1, 6)), seconds[0])
 
 
 def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunConfig, tokenizer,
-            fmt_weight: float) -> Batch:
+            fmt_weight: float, step: int = 0) -> Batch:
     """Sample G completions for B prompts; with dynamic sampling keep only groups with reward spread,
-    drawing new prompts until B live groups or `max_gen_rounds` rounds (DAPO)."""
+    drawing new prompts until B live groups or `max_gen_rounds` rounds (DAPO). Sampling noise is keyed
+    by (seed, step, round) and indexed by the global row (every rank draws the same prompts)."""
     r, B = cfg.recipe, cfg.prompts_per_step
     rounds_allowed = r.max_gen_rounds if r.dynamic_sampling else 1
     kept: list[Batch] = []
@@ -181,13 +209,9 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
         idx = stream.take(B)  # recipe.data_policy (ablate/rl/data_policy.py)
         problems = [train[i] for i in idx]
         t0 = time.perf_counter()
-        ro = policy.sample([task.prompt_text(p, tokenizer) for p in problems], r.group_size,
-                           r.temperature, r.max_new_tokens)
-        t1 = time.perf_counter()
-        total, correct, fmt, over = task_rewards(task, problems, ro, r, r.group_size, fmt_weight)
-        strict = torch.tensor(score_batch(task, [p for p in problems for _ in range(r.group_size)], ro.texts,
-                                          train=False)).view(len(problems), r.group_size)
-        t_gen, t_reward = t_gen + t1 - t0, t_reward + time.perf_counter() - t1
+        ro, total, correct, fmt, over, strict, seconds = sample_groups(policy, task, problems, cfg, tokenizer,
+                                                                       fmt_weight, (cfg.seed, step, rounds, TRAIN))
+        t_gen, t_reward = t_gen + time.perf_counter() - t0 - seconds, t_reward + seconds
         all_rewards.append(total)
         all_strict.append(strict)
         stream.observe(idx, (strict >= 1).float().mean(1).tolist())
@@ -211,7 +235,8 @@ def collect(policy, task, train: list[Problem], stream: PromptStream, cfg: RunCo
 @torch.no_grad()
 def sequence_logprobs(policy, rollout: Rollout, temperature: float, budget: int = 0, chunk: int = 256) -> torch.Tensor:
     """Per-token log-probs [N, T] of the sampled completions under `policy`, no grad, in micro-batches of
-    at most `budget` tokens (0: `chunk` rows at a time); 0 after each completion's end."""
+    at most `budget` tokens (0: `chunk` rows at a time); 0 after each completion's end. Each rank scores
+    its share of the rows; all ranks get all of them."""
     return sequence_scores(policy, rollout, temperature, budget, chunk)[0]
 
 
@@ -220,15 +245,18 @@ def sequence_scores(policy, rollout: Rollout, temperature: float, budget: int = 
                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` and, with `entropy`, the per-token entropies [N, T] of the same forward (else None)."""
     N, T = rollout.completion_ids.shape
-    out = ent = None
-    for idx, sub in execution.micro_batches(rollout, torch.arange(N), budget, max_rows=chunk):
+    rows = torch.arange(N)[distributed.split(N)]
+    out = rollout.completion_mask.new_zeros(len(rows), T)  # the loss dtype (float64 for the chapter toy)
+    ent = out.clone() if entropy else None
+    for idx, sub in execution.micro_batches(rollout, rows, budget, max_rows=chunk) if len(rows) else ():
         logp, h = execution.token_scores(policy, sub, temperature, "value" if entropy else "none")  # [n, t], t <= T
-        out = logp.new_zeros(N, T) if out is None else out
-        out[idx.to(out.device), :logp.shape[1]] = logp
+        at = (idx - rows[0]).to(out.device)
+        out = out.to(logp.dtype)
+        out[at, :logp.shape[1]] = logp
         if entropy:
-            ent = h.new_zeros(N, T) if ent is None else ent
-            ent[idx.to(ent.device), :h.shape[1]] = h
-    return out, ent
+            ent = ent.to(h.dtype)
+            ent[at, :h.shape[1]] = h
+    return distributed.gather_rows(out), distributed.gather_rows(ent) if entropy else None
 
 
 # --- update ----------------------------------------------------------------------------------------
@@ -241,7 +269,9 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
     normaliser belongs to the whole minibatch, so the accumulated gradient is the one-pass gradient.
     `is_weights` [N,T] multiply the per-token policy loss (behaviour -> old correction, rl/corrections.py);
     `selected` [N,T] are the tokens `token_selection` keeps (fixed for the step; None = all). Batch-level
-    selections (top-entropy, Clip-Cov / KL-Cov) never depend on the micro-batch split."""
+    selections (top-entropy, Clip-Cov / KL-Cov) never depend on the micro-batch split.
+    Several ranks: each back-propagates its share of every minibatch's rows and the gradients are summed
+    (ablate/train/distributed.py); the normalisers stay the whole minibatch's, so the sum is the same."""
     r = cfg.recipe
     kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
@@ -255,11 +285,18 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
             optimizer.zero_grad(set_to_none=True)
             whole_mask = loss_mask[idx]
             parts, scores = [], []  # per micro-batch: logged values; detached token scores
-            micro = list(execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens))
-            cov_sel = recipes.covariance_selection(r, loss_params, policy, micro, old_logp, adv, loss_mask)
+            mine = idx[distributed.split(len(idx))]  # this rank's rows of the minibatch (all of them at world 1)
+            micro = list(execution.micro_batches(batch.rollout, mine, cfg.compute.micro_batch_tokens)) \
+                if len(mine) else []
+            # Clip-Cov / KL-Cov select over the whole minibatch, whatever this rank's and micro-batches' share
+            whole = micro if distributed.world() == 1 else \
+                list(execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens))
+            cov_sel = recipes.covariance_selection(r, loss_params, policy, whole, old_logp, adv, loss_mask,
+                                                   split=distributed.world() > 1)
             for mb, sub in micro:
                 logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
-                check_finite("log-probabilities (logits)", logp)
+                if distributed.world() == 1:  # several ranks: caught as a non-finite grad norm, on all of them
+                    check_finite("log-probabilities (logits)", logp)
                 t = logp.shape[1]
                 mask = loss_mask[mb, :t]
                 old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
@@ -283,7 +320,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                 if r.entropy_coef:  # with token selection the bonus is on the kept tokens (same denominators)
                     bonus = entropy if keep is None else agg(ent_tok * keep, mask, r.max_new_tokens)
                     loss = loss - r.entropy_coef * bonus
-                if not torch.isfinite(loss):
+                if not torch.isfinite(loss) and distributed.world() == 1:
                     raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
                 w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
                 (loss * w).backward()
@@ -291,13 +328,16 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                 parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
                                          "loss_entropy": entropy, **clip}))
                 scores.append((logp.detach(), old, ent_tok.detach()))
+            distributed.sum_gradients(params)  # several ranks: a NaN on one reaches every rank's grad norm
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             check_finite("gradient norm", grad_norm)
             with overflow_is_divergence("optimizer step"):
                 optimizer.step()
             # batch-level diagnostics (a covariance over all tokens) from the whole minibatch's token scores
-            lp, old_lp, ent = (execution.join_columns([sc[i] for sc in scores], whole_mask.shape[1]) for i in range(3))
-            row = {**execution.combine_stats(parts, SUMMED), "grad_norm": grad_norm,
+            lp, old_lp, ent = (distributed.gather_rows(
+                execution.join_columns([sc[i] for sc in scores], whole_mask.shape[1]) if scores
+                else whole_mask.new_zeros(0, whole_mask.shape[1])) for i in range(3))
+            row = {**distributed.reduce_stats(execution.combine_stats(parts, SUMMED)), "grad_norm": grad_norm,
                    **losses.policy_diagnostics(lp, old_lp, adv[idx], whole_mask, ent)}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
                 row["entropy"], row["kl"] = row["loss_entropy"], row["loss_kl"]
@@ -317,9 +357,9 @@ SUMMED = ("loss", "loss_policy", "loss_kl", "loss_entropy")  # aggregated terms:
 def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, chunk: int = 64, step: int = 0,
              repeat: int = 0):
     """Held-out pass@k (strict verifier, n samples at eval temperature), greedy accuracy, samples, and the
-    correct count of each problem ([M]). Repeat 0 samples from the global stream, as always; repeat r > 0
-    (eval.repeats) from a stream keyed by (seed, step, r, first row) that leaves the global one untouched,
-    so training never depends on eval.repeats."""
+    correct count of each problem ([M]). Sampling noise is keyed by (seed, step, chunk, repeat > 0), so
+    repeat 0 is what a single evaluation samples and training never depends on eval.repeats; each rank
+    samples its share of a chunk's problems."""
     e, n = cfg.eval, cfg.eval.n_samples
     counts, rewards, lengths, greedy, samples, answers, oks = [], [], [], [], [], [], []
     # maj@k votes over the task's extracted answers; a task without `extract` votes on the verifier
@@ -328,10 +368,8 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
     for start in range(0, len(heldout), chunk):
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
-        with nullcontext() if repeat == 0 else keyed_stream(cfg.seed, step, repeat, start):
-            ro = policy.sample(prompts, n, e.temperature, cfg.recipe.max_new_tokens)
-        scores = torch.tensor(score_batch(task, [p for p in probs for _ in range(n)], ro.texts, train=False)
-                              ).view(len(probs), n)
+        key = (cfg.seed, step, start, EVAL) + ((repeat,) if repeat else ())
+        ro, scores, g_ok = eval_chunk(policy, task, probs, prompts, cfg, key)
         counts += (scores >= 1).sum(1).tolist()
         oks += (scores >= 1).tolist()
         answers += [[extract(t) if extract else ("<correct>" if ok else t.strip())
@@ -339,8 +377,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ch
                     for i in range(len(probs))]
         rewards.append(scores.flatten())
         lengths.append(ro.lengths.cpu())
-        g = policy.sample(prompts, 1, 1.0, cfg.recipe.max_new_tokens, greedy=True)
-        greedy += [task.score(p, t) >= 1 for p, t in zip(probs, g.texts)]
+        greedy += g_ok
         if start == 0:
             samples = [{"split": "heldout", "prompt": prompts[i], "completion": ro.texts[i * n],
                         "reward": float(scores[i, 0]), "correct": bool(scores[i, 0] >= 1)}
@@ -369,6 +406,23 @@ def evaluate_repeats(policy, task, heldout: list[Problem], cfg: RunConfig, token
                 for r, (_, _, counts) in enumerate(done)]
     mean = rows[0] if len(rows) == 1 else {k: float(np.mean([x[k] for x in rows])) for k in rows[0]}
     return mean, done[0][1], problems
+
+
+def eval_chunk(policy, task, probs: list[Problem], prompts: list[str], cfg: RunConfig, key: tuple[int, ...]):
+    """n samples of each problem with the row noise of `key`, their strict scores [B, n] and the greedy
+    decodes' correctness [B]; each rank samples its share, all ranks get everything."""
+    n, max_new = cfg.eval.n_samples, cfg.recipe.max_new_tokens
+
+    def mine(part: slice):
+        noise = RowNoise(key, len(probs) * n, part.start * n, part.stop * n)
+        ro = policy.sample(prompts[part], n, cfg.eval.temperature, max_new, noise=noise)
+        scores = torch.tensor(score_batch(task, [p for p in probs[part] for _ in range(n)], ro.texts, train=False))
+        g = policy.sample(prompts[part], 1, 1.0, max_new, greedy=True)
+        return ro, scores.view(-1, n), [task.score(p, t) >= 1 for p, t in zip(probs[part], g.texts)]
+
+    parts = distributed.map_shards(len(probs), mine)
+    ro = Rollout.cat([p[0] for p in parts], policy.pad_id)
+    return ro, torch.cat([p[1] for p in parts]), [ok for p in parts for ok in p[2]]
 
 
 # --- logging helpers -------------------------------------------------------------------------------
@@ -416,16 +470,16 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.runs.tracking import open_mirrors
 
-    store = RunStore(out_dir)
-    resolve_device(cfg.device)  # before anything is written: cuda without CUDA is a ConfigError
+    distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
+    store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
     status = store.status()
     if status and status["state"] in ("completed", "diverged", "pruned"):
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
-    store.write_provenance(cfg, str(device))
-    store.mirrors = open_mirrors(cfg, store.root)  # W&B (docs/tracking.md); [] when disabled
+    store.write_provenance(cfg, str(device), sampler=SAMPLER, world_size=distributed.world())
+    store.mirrors = open_mirrors(cfg, store.root) if distributed.is_main() else []  # W&B (docs/tracking.md)
     state = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
@@ -492,7 +546,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
     needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                   TimeRemainingColumn(), disable=not progress)
+                   TimeRemainingColumn(), disable=not (progress and distributed.is_main()))
     bar_task = bar.add_task("", total=cfg.steps, completed=step)
     start = time.perf_counter() - wall
 
@@ -520,7 +574,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     ahead = step + len(pending)
                     cfg_ahead = at_step(cfg, ahead)
                     fmt_ahead = format_weight_at(r.format_weight, r.format_anneal_steps, ahead)
-                    fresh = collect(engine, task, train_set, stream, cfg_ahead, tokenizer, fmt_ahead)
+                    fresh = collect(engine, task, train_set, stream, cfg_ahead, tokenizer, fmt_ahead, ahead)
                     greedy = greedy_rewards(engine, task, fresh.problems, cfg_ahead.recipe, tokenizer, fmt_ahead) \
                         if r.baseline == "greedy" else None
                     pending.append((fresh, greedy, step - 1))

@@ -1,0 +1,215 @@
+"""One run across several processes (ranks): the process group, how work is split, and the collectives.
+
+A rank is started with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
+by `ablate train --nproc N` (`launch`, torch's elastic launcher) or by the scheduler. The trainer calls
+`init_from_env` and, at world size 1, every helper here is the identity, so a one-process run executes
+exactly the code it always did.
+
+How a step is split (docs/scale.md): every rank draws the same seeded prompts, generates only its
+contiguous share of the prompt groups (`map_shards`) and gathers the rest, so every rank then holds the
+identical global batch and computes advantages, group statistics, data-policy observations and every
+`train/*` metric from it, identically. Old and reference log-probs: each rank scores its rows, all
+gathered (`gather_rows`). The update: the same minibatch order on every rank; each rank back-propagates
+its share of each minibatch's rows with the loss weights of the whole minibatch, and `sum_gradients`
+adds the ranks' gradients (an all-reduce, before clipping): the one-process gradient. Sampling noise is
+indexed by the global row (`ablate.rl.sampling.RowNoise`), so the samples do not depend on the split.
+
+Rank 0 alone writes the run folder and the W&B mirror; the other ranks get a `FollowerStore` that reads
+(the checkpoint to resume from) and writes nothing. Every collective has the timeout
+`compute.collective_timeout_s`: a rank that died makes the others fail after it, never hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ablate.runs.store import RunStore
+
+# --- the process group ---------------------------------------------------------------------------------
+
+
+def init_from_env(device: torch.device, timeout_s: float = 1800) -> None:
+    """Join the process group that torchrun's environment describes, when WORLD_SIZE > 1 (gloo for CPU
+    tensors, nccl for CUDA ones, bound to GPU LOCAL_RANK); nothing at world size 1 or when already joined."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def split(n: int) -> slice:
+    """This rank's contiguous share of n items (the first n % world ranks get one more)."""
+    w, r = world(), rank()
+    return slice(n * r // w, n * (r + 1) // w)
+
+
+# --- collectives (each the identity at world size 1) ---------------------------------------------------
+
+
+def to_device(obj: Any, device) -> Any:
+    """`obj` with every tensor inside (tuples, lists, dicts, dataclasses) moved to `device`."""
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_device(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: to_device(getattr(obj, f.name), device)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def gather_objects(obj: Any) -> list:
+    """Every rank's `obj`, in rank order (tensors come back on the CPU); [obj] at world size 1."""
+    if world() == 1:
+        return [obj]
+    out: list = [None] * world()
+    dist.all_gather_object(out, to_device(obj, "cpu"))
+    return out
+
+
+def map_shards(n: int, fn: Callable[[slice], Any]) -> list:
+    """`fn(part)` on this rank's share `part` of range(n), the results of all ranks gathered in rank
+    order; a rank with an empty share contributes nothing. At world size 1: [fn(slice(0, n))]."""
+    part = split(n)
+    mine = fn(part) if part.stop > part.start else None
+    return [x for x in gather_objects(mine) if x is not None]
+
+
+def gather_rows(x: Tensor) -> Tensor:
+    """The ranks' [n_r, ...] tensors (same trailing shape and dtype) stacked in rank order, [sum n_r, ...]."""
+    if world() == 1:
+        return x
+    sizes = gather_objects(len(x))
+    padded = x.new_zeros((max(sizes), *x.shape[1:]))
+    padded[:len(x)] = x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)])
+
+
+def sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Add the ranks' gradients (all-reduce SUM, in place). A parameter that no rank gave a gradient keeps
+    `grad` None, as in one process (AdamW skips it); one that some rank did gets zeros on the others."""
+    if world() == 1:
+        return
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
+    dist.all_reduce(has, op=dist.ReduceOp.MAX)
+    grads = []
+    for p, h in zip(params, has.tolist()):
+        if h:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+    for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+        work.wait()
+
+
+def reduce_stats(row: dict[str, Tensor]) -> dict[str, Tensor]:
+    """One minibatch's logged values from the ranks' shares (`execution.combine_stats`): `*_max` values
+    take the max, every other value (token- or loss-weighted against the whole minibatch) adds up."""
+    if world() == 1:
+        return row
+    out: dict[str, Tensor] = {}
+    for part in gather_objects({k: float(v) for k, v in row.items()}):
+        for k, v in part.items():
+            v = torch.tensor(v, dtype=torch.float64)
+            out[k] = (torch.maximum(out[k], v) if k.endswith("_max") else out[k] + v) if k in out else v
+    return out
+
+
+# --- the run folder ------------------------------------------------------------------------------------
+
+
+class FollowerStore(RunStore):
+    """The run folder as a rank other than 0 sees it: it reads (status, the checkpoint to resume from)
+    and writes nothing; rank 0 writes every file and the W&B mirror."""
+
+    def write_config(self, cfg) -> None:
+        pass
+
+    def write_provenance(self, cfg, device: str, **extra) -> None:
+        pass
+
+    def note_resume(self, step: int) -> None:
+        pass
+
+    def set_status(self, state: str, step: int, error: str | None = None) -> None:
+        pass
+
+    def append(self, log: str, row: dict) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def save_checkpoint(self, state: dict, run: str | None = None) -> None:
+        pass
+
+
+def open_store(root: str) -> RunStore:
+    return RunStore(root) if is_main() else FollowerStore(root)
+
+
+# --- launching N local ranks ---------------------------------------------------------------------------
+
+
+def _worker(jobs: list[tuple[Any, str]]) -> list[str]:
+    """One rank: train each (config, run folder) in turn, in one process group; returns their states."""
+    from ablate.train.trainer import train
+
+    try:
+        return [train(cfg, out, progress=False) for cfg, out in jobs]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(nproc: int, jobs: list[tuple[Any, str]]) -> list[str]:
+    """Train `jobs` [(RunConfig, run folder)] with `nproc` ranks on this machine, started by torch's
+    elastic launcher (torchrun's machinery: a c10d rendezvous on a free local port, no restarts); returns
+    rank 0's final states. A rank that fails stops the others and raises `ChildFailedError`; the run then
+    ends `failed` in status.json with the error (rank 0 writes its own traceback when it is the one)."""
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          monitor_interval=0.2, start_method="spawn" if torch.cuda.is_initialized() else "fork")
+    try:
+        return elastic_launch(config, _worker)(jobs)[0]
+    except ChildFailedError as err:
+        for _, out in jobs:  # in order: the first one not finished is the one that was training
+            store = RunStore(out)
+            status = store.status()
+            if status is not None and status["state"] in ("running", "failed"):
+                # rank 0 was killed (still "running"), or wrote its own traceback: add the root cause
+                own = status["error"] + "\n" if status["state"] == "failed" and status["error"] else ""
+                store.set_status("failed", status["step"], own + err.format_msg())
+                break
+        raise
