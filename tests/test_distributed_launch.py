@@ -152,3 +152,9 @@ def test_warning_seen_by_one_rank_is_acted_on_by_every_rank_at_the_same_step(tmp
         # than wait in step at+1 for a rank 0 that is gone
         assert r0 == {"handled_at": at, "saved_at": at, "exit": -1, "last_step": at, "requeue": True}, signalled
         assert r1 == {"handled_at": at, "saved_at": None, "exit": 0, "last_step": at, "requeue": True}, signalled
+
+
+@pytest.mark.parametrize("name, n", [("gpu-1node-8gpu", 8), ("gpu-2node-8gpu", 16), ("dev-2task", 2),
+                                     ("dev", 1), ("gpu-example", 1)])
+def test_shipped_profiles_give_their_ranks(name, n):
+    assert ranks(load_profile(ROOT / "slurm" / "profiles" / f"{name}.yaml")) == n
