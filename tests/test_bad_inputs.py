@@ -176,6 +176,10 @@ CASES = [
      ["sweep", "run", "s.yaml", "--profile", "p.yaml"], ["p.yaml", "time", "SLURM time"]),
     ("profile-additional-key", {"toy.yaml": TOY, "s.yaml": spec(), "p.yaml": y({"additional": {"a b": 1}})},
      ["sweep", "run", "s.yaml", "--profile", "p.yaml"], ["p.yaml", "additional", "option name"]),
+    ("profile-nodes", {"toy.yaml": TOY, "s.yaml": spec(), "p.yaml": "nodes: 0\n"},
+     ["sweep", "run", "s.yaml", "--profile", "p.yaml"], ["p.yaml", "nodes: 0", ">= 1"]),
+    ("profile-tasks-vs-gpus", {"toy.yaml": TOY, "s.yaml": spec(), "p.yaml": "gpus: 8\ntasks_per_node: 2\n"},
+     ["sweep", "run", "s.yaml", "--profile", "p.yaml"], ["p.yaml", "tasks_per_node: 2", "must be 8"]),
     ("profile-missing", {"toy.yaml": TOY, "s.yaml": spec()}, ["sweep", "run", "s.yaml", "--profile", "p.yaml"],
      ["p.yaml", "no such SLURM profile"]),
     # --- search specs (ablate tune status: validation only) ---

@@ -18,6 +18,7 @@ SMALLEST = {
     "quickstart_lift.py": ["--seeds", "0", "--set", "steps=1", "--set", "prompts_per_step=2",
                            "--set", "eval.every=0", "--set", "task.num_heldout=4", "--out", "{tmp}/lift"],
     "real_shape.py": ["--tiny"],
+    "scaling.py": ["--config", "configs/toy.yaml", "--steps", "2"],
     "sweep_scale.py": ["--skip-slurm", "--local-runs", "1", "--local-steps", "2"],
     "trainer_step.py": ["--steps", "1", "--warmup", "0", "--no-trl"],
     "tune_throughput.py": ["--trials", "2", "--steps", "2"],

@@ -138,3 +138,47 @@ def test_submitit_roundtrip(tmp_path: Path) -> None:
     job = executor.submit(add, 2, 3)
     assert job.result() == 5
     assert wait_sacct(job.job_id)[job.job_id]["state"] == "COMPLETED"
+
+
+def test_two_task_job_ranks_all_reduce_through_the_exported_env(tmp_path: Path, monkeypatch) -> None:
+    # slurm/profiles/dev-2task.yaml: one job of 2 tasks x 1 CPU. Each task exports torchrun's variables from
+    # SLURM's environment (ablate.experiments.launch.export_rank_env, what TrainJob does) and joins one
+    # gloo group by env://; a real all_reduce proves both ranks met at the same rendezvous.
+    import submitit
+
+    from ablate.experiments.launch import load_profile
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTHONPATH", str(root))  # sbatch exports our environment to the job
+
+    def rank_task() -> dict:  # local function: cloudpickled by value (tests/ is not importable in the job)
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from ablate.experiments.launch import export_rank_env
+
+        rank = export_rank_env()
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        out = {"rank": rank, "world": dist.get_world_size(), "sum": float(t.item()),
+               "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
+               "slurm_procid": os.environ["SLURM_PROCID"], "job": os.environ["SLURM_JOB_ID"]}
+        dist.destroy_process_group()
+        return out
+
+    params = load_profile(root / "slurm/profiles/dev-2task.yaml")
+    assert params["tasks_per_node"] == 2 and params["cpus_per_task"] == 1
+    executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
+    executor.update_parameters(**{**params, "timeout_min": 3})
+    job = executor.submit(rank_task)
+    res = job.results()
+    assert [r["rank"] for r in res] == [0, 1] and [r["slurm_procid"] for r in res] == ["0", "1"]
+    assert [r["env"]["RANK"] for r in res] == ["0", "1"] and [r["env"]["LOCAL_RANK"] for r in res] == ["0", "1"]
+    assert {r["world"] for r in res} == {2} and {r["env"]["WORLD_SIZE"] for r in res} == {"2"}
+    assert {r["sum"] for r in res} == {3.0}  # 1 + 2: one all_reduce over both tasks
+    assert len({(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in res}) == 1
+    assert len({r["job"] for r in res}) == 1  # two tasks of one job, not two jobs
+    assert wait_sacct(job.job_id)[job.job_id]["state"] == "COMPLETED"

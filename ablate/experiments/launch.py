@@ -36,7 +36,9 @@ RESUBMIT = ("failed", "cancelled", "missing")
 ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "PREEMPTED")
 PROFILE_KEYS = {"partition": str, "time": (int, str), "gpus": int, "cpus": int, "mem": (int, str), "account": str,
                 "qos": str, "constraint": str, "setup": list, "array_parallelism": int, "signal_delay_s": int,
-                "additional": dict}
+                "additional": dict, "nodes": int, "tasks_per_node": int}
+# sbatch options that set a run's shape: only through the profile keys `nodes`, `gpus`, `tasks_per_node`
+SHAPE_OPTIONS = ("nodes", "ntasks", "ntasks-per-node", "ntasks_per_node", "gpus-per-node", "gpus_per_node")
 
 
 def cpu_count() -> int:
@@ -59,18 +61,41 @@ class TrainJob(submitit.helpers.Checkpointable):
         from ablate.config import parse
         from ablate.train.trainer import train
 
+        rank = export_rank_env()  # one rank of a multi-task job: torch.distributed's env:// variables
         threads = self.threads or _slurm_cpus()
         if threads:
             torch.set_num_threads(threads)
-        _note_worker()
+        if rank == 0:
+            _note_worker()
         _watch_launcher()
-        return train(parse(self.cfg_dict), self.run_dir, progress=False)
+        state = train(parse(self.cfg_dict), self.run_dir, progress=False)
+        return state if rank == 0 else None  # rank 0 reports; the run store is the source of truth anyway
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
         from ablate.train import preemption
 
         preemption.save_now()
         return submitit.helpers.DelayedSubmission(TrainJob(self.cfg_dict, self.run_dir, self.threads))
+
+
+def export_rank_env() -> int:
+    """In a submitit job of several tasks (SLURM `nodes` x `tasks_per_node`, or the local executor's
+    `tasks_per_node`), each task is one rank of the run: export torchrun's variables (MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) from submitit's job environment, so the
+    trainer's torch.distributed init (env://) finds them, and bind the rank to its GPU on the node.
+    The rendezvous is the job's first node, on a port derived from the job id (the same on every task).
+    One-task jobs (and the in-process debug executor) export nothing. Returns this task's global rank.
+
+    Binding: `set_device(local_rank % visible GPUs)`, not submitit's CUDA_VISIBLE_DEVICES=local_rank, which
+    is wrong on clusters that already narrow each task to its own GPUs (then each task sees one GPU)."""
+    if "SUBMITIT_FOLDER" not in os.environ or submitit.JobEnvironment().num_tasks == 1:
+        return 0
+    import torch
+
+    env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    return env.rank
 
 
 def _slurm_cpus() -> int | None:
@@ -342,6 +367,7 @@ def load_profile(path: str | Path) -> dict:
             if k == "additional" and not _SBATCH_KEY.fullmatch(str(sub)):
                 raise SpecError(f"{path}: additional: {sub!r} is not an sbatch option name (letters, digits, "
                                 f"'-' and '_', without the leading dashes)")
+    params = _shape(path, data)
     try:
         time_min = slurm_minutes(data["time"]) if "time" in data else None
     except (ValueError, KeyError):
@@ -349,13 +375,43 @@ def load_profile(path: str | Path) -> dict:
     names = {"partition": "slurm_partition", "account": "slurm_account", "qos": "slurm_qos",
              "constraint": "slurm_constraint", "setup": "slurm_setup", "array_parallelism": "slurm_array_parallelism",
              "signal_delay_s": "slurm_signal_delay_s", "additional": "slurm_additional_parameters",
-             "gpus": "gpus_per_node", "cpus": "cpus_per_task"}
-    params = {names[k]: v for k, v in data.items() if k in names}
+             "cpus": "cpus_per_task"}
+    params.update({names[k]: v for k, v in data.items() if k in names})
     if time_min is not None:
         params["timeout_min"] = time_min
     if "mem" in data:
         params["slurm_mem"] = f"{data['mem']}G" if isinstance(data["mem"], int) else data["mem"]
     return params
+
+
+def _shape(path: Path, data: dict) -> dict:
+    """The profile's `nodes`, `gpus` (per node) and `tasks_per_node` -> submitit's `nodes`,
+    `tasks_per_node`, `gpus_per_node`. One task is one rank of the run (torch.distributed): one rank per
+    GPU, so with GPUs `tasks_per_node` is `gpus`; without GPUs `tasks_per_node` sets the CPU ranks.
+    A job array has this shape for every array task: each task of the array is one multi-rank run."""
+    for key, low in (("nodes", 1), ("tasks_per_node", 1), ("gpus", 0)):
+        if key in data and data[key] < low:
+            raise SpecError(f"{path}: {key}: {data[key]} is not allowed; expected an integer >= {low}")
+    gpus = data.get("gpus", 0)
+    tasks = data.get("tasks_per_node", gpus or 1)
+    if gpus and tasks != gpus:
+        raise SpecError(f"{path}: tasks_per_node: {tasks} with gpus: {gpus}; each rank drives one GPU, so "
+                        f"tasks_per_node must be {gpus} (or left out: it defaults to gpus)")
+    for opt in data.get("additional", {}):
+        if opt in SHAPE_OPTIONS:
+            raise SpecError(f"{path}: additional.{opt}: sets the job's shape, which comes from the profile keys "
+                            f"nodes, gpus and tasks_per_node; use those instead")
+    shape = {"nodes": data["nodes"]} if "nodes" in data else {}
+    if "tasks_per_node" in data or gpus > 1:  # 1 is submitit's default: a one-GPU profile stays as it was
+        shape["tasks_per_node"] = tasks
+    if "gpus" in data:
+        shape["gpus_per_node"] = gpus
+    return shape
+
+
+def ranks(params: dict) -> int:
+    """The number of ranks (torch.distributed processes) of each run under these executor parameters."""
+    return params.get("nodes", 1) * params.get("tasks_per_node", 1)
 
 
 def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profile: str | Path | None = None,

@@ -6,6 +6,13 @@ optimizer step, where the model is half-updated, so while the trainer runs a ste
 back and replay it to submitit's handler at the step boundary; `save_now()` (called from
 `checkpoint()`) then writes a consistent checkpoint, and the requeued job resumes exactly there.
 Process-global by nature (signals are), so this is a tiny module with module state.
+
+Several ranks (torch.distributed): SLURM signals every task, but not at the same instant, and a rank
+could see it a step before another. So each step boundary ends with a collective agreement, an
+all_reduce MAX of this rank's "signal seen" flag (`agree`): when any rank saw it, every rank acts at that
+same boundary. Rank 0's handler (submitit's) checkpoints and requeues the job (the checkpoint is rank
+0's: data-parallel replicas are equal); every other rank leaves quietly, so none waits forever in the
+next step's collectives for a rank 0 that is gone. Without torch.distributed `agree` is the identity.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from contextlib import contextmanager
 
 SIGNAL = signal.SIGUSR2
 _save: Callable[[], None] | None = None
+_prev: Callable | None = None  # the handler before ours (submitit's), called at the boundary
 _pending: list[tuple] = []
 _in_step = False
 _saved = False
@@ -40,13 +48,13 @@ def checkpointed_for_requeue() -> bool:
 @contextmanager
 def guard(save: Callable[[], None]):
     """Around the training loop: `save` writes a checkpoint of the state at the last step boundary."""
-    global _save, _saved
+    global _save, _saved, _prev
     _saved = False
-    prev = signal.getsignal(SIGNAL)
+    prev = _prev = signal.getsignal(SIGNAL)
     active = callable(prev) and threading.current_thread() is threading.main_thread()
 
     def hold(signum, frame):
-        if _in_step:
+        if _in_step or _world() > 1:  # several ranks: always at a boundary they agree on
             _pending.append((signum, frame))
         else:
             prev(signum, frame)
@@ -57,7 +65,7 @@ def guard(save: Callable[[], None]):
     try:
         yield
     finally:
-        _save = None
+        _save = _prev = None
         if active:
             signal.signal(SIGNAL, prev)
 
@@ -71,8 +79,48 @@ def step():
         yield
     finally:
         _in_step = False
-    while _pending:
-        signal.getsignal(SIGNAL)(*_pending.pop(0))
+    if agree(bool(_pending)):
+        _deliver()
+
+
+def _world() -> int:
+    """The number of ranks of this run: torch.distributed's world size, 1 when not initialised."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def agree(seen: bool) -> bool:
+    """Whether any rank has seen the warning signal: all_reduce MAX of a 0/1 flag over the ranks (one
+    tiny collective per step). Every rank calls it at every step boundary. Identity for one process."""
+    if _world() == 1:
+        return seen
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([int(seen)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _deliver() -> None:
+    """Replay the held signal to the handler that was there before (submitit's); a rank that did not
+    receive it itself gets it now too. A rank other than 0 whose handler returns (submitit's does: only
+    rank 0 checkpoints and requeues) then exits as a requeue, not a failure; it ends with the job."""
+    global _saved
+    held = _pending[:] or [(SIGNAL, None)]
+    _pending.clear()
+    handler = _prev or signal.getsignal(SIGNAL)
+    for signum, frame in held:
+        if callable(handler):
+            handler(signum, frame)
+    if _world() > 1:
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:
+            _saved = True
+            raise SystemExit(0)
 
 
 # --- stop requests: SIGTERM, Ctrl-C, a dead launcher -------------------------------------------------

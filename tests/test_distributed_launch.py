@@ -1,0 +1,160 @@
+"""A run over several ranks, scheduler side: the profile's shape (`nodes`, `gpus`, `tasks_per_node`), the
+torchrun variables every task of a multi-task submitit job gets, and the preemption agreement (every rank
+acts on SLURM's warning at the same step boundary). Real processes and real gloo collectives, on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import submitit
+import yaml
+
+from ablate.experiments.launch import export_rank_env, load_profile, ranks
+from ablate.experiments.sweep import SpecError
+from ablate.train import preemption
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def profile(tmp_path, **keys) -> Path:
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump({"partition": "gpu", **keys}))
+    return p
+
+
+@pytest.mark.parametrize("keys, shape, n", [
+    ({}, {}, 1),                                                          # as before: one task
+    ({"gpus": 1}, {"gpus_per_node": 1}, 1),
+    ({"gpus": 8}, {"tasks_per_node": 8, "gpus_per_node": 8}, 8),        # 1 node x 8 GPUs: 8 ranks
+    ({"nodes": 2, "gpus": 8}, {"nodes": 2, "tasks_per_node": 8, "gpus_per_node": 8}, 16),
+    ({"tasks_per_node": 2, "cpus": 1}, {"tasks_per_node": 2, "cpus_per_task": 1}, 2),  # CPU ranks
+    ({"nodes": 2}, {"nodes": 2}, 2),
+])
+def test_profile_shape_gives_submitit_nodes_tasks_and_gpus(tmp_path, keys, shape, n):
+    params = load_profile(profile(tmp_path, **keys))
+    assert params == {"slurm_partition": "gpu", **shape}
+    assert ranks(params) == n
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"nodes": 0}, ["nodes: 0", ">= 1"]),
+    ({"tasks_per_node": 0}, ["tasks_per_node: 0", ">= 1"]),
+    ({"gpus": -1}, ["gpus: -1", ">= 0"]),
+    ({"gpus": 8, "tasks_per_node": 4}, ["tasks_per_node: 4", "gpus: 8", "must be 8"]),
+    ({"nodes": "two"}, ["nodes", "wrong type"]),
+    ({"additional": {"ntasks-per-node": 4}}, ["additional.ntasks-per-node", "nodes, gpus and tasks_per_node"]),
+])
+def test_bad_profile_shape_names_file_field_and_allowed_values(tmp_path, keys, words):
+    p = profile(tmp_path, **keys)
+    with pytest.raises(SpecError) as err:
+        load_profile(p)
+    assert str(p) in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_each_task_of_a_two_task_local_job_is_one_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+
+    def _two_rank_all_reduce() -> dict:
+        """One task of a 2-task submitit job: export the torchrun variables, then a real gloo all_reduce
+        (a local function: cloudpickled by value, as tests/ is not importable in the job)."""
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from ablate.experiments.launch import export_rank_env
+
+        rank = export_rank_env()
+        env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                           "MASTER_PORT")}
+        dist.init_process_group("gloo")  # env://: exactly what a torchrun-compatible trainer does
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        out = {"rank": rank, "world": dist.get_world_size(), "sum": float(t.item()), **env}
+        dist.destroy_process_group()
+        return out
+
+    ex = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    ex.update_parameters(tasks_per_node=2, timeout_min=2)
+    job = ex.submit(_two_rank_all_reduce)
+    res = job.results()
+    assert [r["rank"] for r in res] == [0, 1] and [r["RANK"] for r in res] == ["0", "1"]
+    assert [r["LOCAL_RANK"] for r in res] == ["0", "1"]
+    assert {r["world"] for r in res} == {2} and {r["WORLD_SIZE"] for r in res} == {"2"}
+    assert {r["sum"] for r in res} == {3.0}  # 1 + 2: both ranks took part in the same all_reduce
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in res}) == 1  # one rendezvous
+
+
+def test_one_task_job_and_in_process_export_nothing(monkeypatch):
+    monkeypatch.delenv("SUBMITIT_FOLDER", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert export_rank_env() == 0
+    assert "RANK" not in os.environ
+    assert preemption.agree(True) is True and preemption.agree(False) is False  # no process group: identity
+
+
+# Two real processes, one gloo group (file rendezvous). The handler mimics submitit's: rank 0 checkpoints
+# (save_now), requeues and exits; another rank only logs and returns. One rank alone gets SIGUSR2, mid-step.
+# Two episodes in the same processes (torch's import is most of the time): rank 1 warned at step 3, then
+# rank 0 warned at step 5.
+EPISODES = [(1, 3), (0, 5)]
+RANK_SCRIPT = r"""
+import json, os, signal, sys
+import torch, torch.distributed as dist
+from ablate.train import preemption
+
+rank, out = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+logs = []
+for signalled, at in EPISODES:
+    step, log = 0, {"handled_at": None, "saved_at": None, "exit": None, "last_step": 0}
+
+    def save():
+        log["saved_at"] = step
+
+    def submitit_like(signum, frame):
+        log["handled_at"] = step
+        if rank == 0:
+            preemption.save_now()
+            raise SystemExit(-1)
+
+    signal.signal(signal.SIGUSR2, submitit_like)
+    try:
+        with preemption.guard(save):
+            while step < 8:
+                with preemption.step():
+                    step += 1
+                    dist.all_reduce(torch.ones(1))  # the step's own collectives
+                    if rank == signalled and step == at:
+                        os.kill(os.getpid(), signal.SIGUSR2)
+                    log["last_step"] = step
+    except SystemExit as e:
+        log["exit"], log["requeue"] = e.code, preemption.checkpointed_for_requeue()
+    logs.append(log)
+    dist.barrier()  # both ranks out of the episode before the next one starts
+json.dump(logs, open(f"{out}/rank{rank}.json", "w"))
+""".replace("EPISODES", repr(EPISODES), 1)
+
+
+def test_warning_seen_by_one_rank_is_acted_on_by_every_rank_at_the_same_step(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(tmp_path)],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for (signalled, at), r0, r1 in zip(EPISODES, *logs):
+        # both stop at the end of step `at`, whichever rank got the signal: rank 0 saved there (the resume
+        # loses and repeats no step) and exits as submitit does to requeue; rank 1 leaves quietly rather
+        # than wait in step at+1 for a rank 0 that is gone
+        assert r0 == {"handled_at": at, "saved_at": at, "exit": -1, "last_step": at, "requeue": True}, signalled
+        assert r1 == {"handled_at": at, "saved_at": None, "exit": 0, "last_step": at, "requeue": True}, signalled
+
+
+@pytest.mark.parametrize("name, n", [("gpu-1node-8gpu", 8), ("gpu-2node-8gpu", 16), ("dev-2task", 2),
+                                     ("dev", 1), ("gpu-example", 1)])
+def test_shipped_profiles_give_their_ranks(name, n):
+    assert ranks(load_profile(ROOT / "slurm" / "profiles" / f"{name}.yaml")) == n
