@@ -48,6 +48,20 @@ def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
     monkeypatch.setattr(RunStore, "set_status", real)
 
 
+def sample_counting_rows(policy, *args):
+    """policy.sample(*args) under seed 0, and the number of rows of every forward it ran."""
+    import torch
+
+    rows = []
+    hook = policy.base.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                 with_kwargs=True)
+    torch.manual_seed(0)
+    try:
+        return policy.sample(*args), rows
+    finally:
+        hook.remove()
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import sample_counting_rows
 from torch.testing import assert_close
 
 from ablate.config import load
@@ -51,6 +52,23 @@ def test_lm_behaviour_logp_equals_recomputed_old_logp():
     assert (ro.behav_logp[~mask] == 0).all() and (ro.behav_logp[mask] <= 0).all()
     old = sequence_logprobs(policy, ro, 0.8)  # full forward, no KV cache: the trainer's pi_old
     assert_close(ro.behav_logp[mask], old[mask], atol=1e-5, rtol=0)
+
+
+def test_compacted_sampler_drops_finished_rows_and_samples_the_same_tokens():
+    model, tok = load_model("models/tiny-arith"), load_tokenizer("models/tiny-arith")
+    args = (["7+8=", "12*3=", "5-2=", "100+1=", "999*9=", "1+1="], 4, 1.5, 10)
+    full, full_rows = sample_counting_rows(LMPolicy(model, tok, torch.device("cpu"), compact=False), *args)
+    ro, rows = sample_counting_rows(LMPolicy(model, tok, torch.device("cpu")), *args)
+    lengths = full.lengths.long()
+    assert len(set(lengths.tolist())) > 1 and not full.truncated.any()  # EOS at several positions
+    assert full_rows == [6] + [24] * (len(full_rows) - 1)  # prefill per prompt, then every row every token
+    # compacted: the forward after token t holds only the rows without EOS among tokens 0..t
+    assert rows == [6] + [int((lengths > t + 1).sum()) for t in range(len(rows) - 1)]
+    assert sum(rows) < sum(full_rows)
+    for name in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(ro, name), getattr(full, name)), name
+    assert_close(ro.behav_logp, full.behav_logp, rtol=0, atol=1e-5)  # smaller batches may round otherwise
+    assert ro.texts == full.texts
 
 
 def test_select_and_cat_keep_behaviour_logp():
