@@ -11,6 +11,7 @@ from conftest import sample_counting_rows
 from torch.testing import assert_close
 
 from ablate.config import load
+from ablate.rl import sampling
 from ablate.rl.sampling import Rollout, draw
 from ablate.runs.store import RunStore
 from ablate.tasks.toy import ToyPolicy, ToyTask
@@ -31,6 +32,17 @@ def test_draw_returns_the_log_prob_of_the_drawn_token_after_temperature():
     assert torch.equal(tok, torch.multinomial(torch.softmax(logits / 0.5, -1), 1).squeeze(-1))
     tok, logp = draw(logits, 0.5, greedy=True)  # a point mass: log-prob 0
     assert tok.tolist() == [1, 0] and logp.tolist() == [0.0, 0.0]
+
+
+def test_draw_in_row_blocks_is_one_multinomial_call(monkeypatch):
+    logits = torch.randn(11, 300, generator=torch.Generator().manual_seed(1)) * 3
+    monkeypatch.setattr(sampling, "DRAW_ELEMENTS", 2 * 300)  # blocks of 2 rows (and a last one of 1)
+    torch.manual_seed(0)
+    tok, logp = draw(logits, 0.7, greedy=False)
+    torch.manual_seed(0)
+    assert torch.equal(tok, torch.multinomial(torch.softmax(logits / 0.7, -1), 1).squeeze(-1))
+    scaled = logits / 0.7
+    assert torch.equal(logp, scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, -1))
 
 
 def test_toy_behaviour_logp_equals_recomputed_old_logp():

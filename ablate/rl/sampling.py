@@ -65,18 +65,26 @@ class Rollout:
         )
 
 
+DRAW_ELEMENTS = 2**25  # logits values drawn at once (128 MiB in fp32): blocks of 2^25 // V rows
+
+
 def draw(logits: Tensor, temperature: float, greedy: bool) -> tuple[Tensor, Tensor]:
     """One token per row from next-token logits [N, V] -> (tokens [N], behaviour log-probs [N]).
 
     The log-prob is that of the drawn token under the distribution it was drawn from: softmax(logits / T),
-    float32; greedy decoding draws from a point mass, so its log-prob is 0.
+    float32; greedy decoding draws from a point mass, so its log-prob is 0. Rows are drawn in blocks of
+    DRAW_ELEMENTS // V (so no fp32 temporary spans all rows at a real vocabulary); on CPU the blocks
+    consume the random stream exactly as one multinomial call over all rows does (tested).
     """
     if greedy:
         tok = logits.argmax(-1)
         return tok, torch.zeros(tok.shape, device=tok.device)
-    scaled = logits.float() / temperature
-    probs = torch.softmax(scaled, dim=-1)
-    check_finite("sampling probabilities", probs)
-    tok = torch.multinomial(probs, 1).squeeze(-1)
-    logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return tok, logp
+    toks, logps = [], []
+    for block in logits.split(max(1, DRAW_ELEMENTS // logits.shape[-1])):
+        scaled = block.float() / temperature  # [n, V]
+        lse = torch.logsumexp(scaled, dim=-1)  # [n]
+        check_finite("sampling probabilities", lse)  # finite iff every probability of its row is
+        tok = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
+        toks.append(tok)
+        logps.append(scaled.gather(-1, tok[:, None]).squeeze(-1) - lse)
+    return torch.cat(toks), torch.cat(logps)

@@ -118,9 +118,8 @@ class LMPolicy:
                     cache.batch_select_indices(keep)
                     alive, attn, next_pos = alive[keep], attn[keep], next_pos[keep]
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                out = self.base(input_ids=tok[alive, None], attention_mask=attn, position_ids=next_pos,
-                                use_cache=True, **{self.cache_arg: cache})
-                logits[alive] = out.logits[:, -1]
+                logits[alive] = self.base(input_ids=tok[alive, None], attention_mask=attn, position_ids=next_pos,
+                                          use_cache=True, **{self.cache_arg: cache}).logits[:, -1]
                 next_pos = next_pos + 1
         completion = torch.stack(tokens, dim=1)  # [N, T]
         is_eos = completion == self.eos_id
