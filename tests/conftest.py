@@ -29,6 +29,17 @@ def slurm_cluster() -> None:
                     pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The tiny base model barely trained (10 steps): fast to build, and recipes only need to run. Built
+    once per session and shared read-only (every run writes to its own folder)."""
+    from ablate.train.models import build_base_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    build_base_model(path, steps=10, progress=False)
+    return str(path)
+
+
 def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
     """Train `cfg` into `run_dir` until a simulated node loss as step `step` starts (the exception
     escapes the trainer), then undo the fault so that the next train() resumes normally."""
@@ -46,6 +57,20 @@ def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
     with pytest.raises(RuntimeError, match="node lost"):
         trainer.train(cfg, str(run_dir), progress=False)
     monkeypatch.setattr(RunStore, "set_status", real)
+
+
+def sample_counting_rows(policy, *args):
+    """policy.sample(*args) under seed 0, and the number of rows of every forward it ran."""
+    import torch
+
+    rows = []
+    hook = policy.base.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                 with_kwargs=True)
+    torch.manual_seed(0)
+    try:
+        return policy.sample(*args), rows
+    finally:
+        hook.remove()
 
 
 CHROMIUM = "/usr/bin/chromium"

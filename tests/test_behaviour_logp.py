@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import sample_counting_rows
 from torch.testing import assert_close
 
 from ablate.config import load
+from ablate.rl import sampling
 from ablate.rl.sampling import Rollout, draw
 from ablate.runs.store import RunStore
 from ablate.tasks.toy import ToyPolicy, ToyTask
@@ -32,6 +34,17 @@ def test_draw_returns_the_log_prob_of_the_drawn_token_after_temperature():
     assert tok.tolist() == [1, 0] and logp.tolist() == [0.0, 0.0]
 
 
+def test_draw_in_row_blocks_is_one_multinomial_call(monkeypatch):
+    logits = torch.randn(11, 300, generator=torch.Generator().manual_seed(1)) * 3
+    monkeypatch.setattr(sampling, "DRAW_ELEMENTS", 2 * 300)  # blocks of 2 rows (and a last one of 1)
+    torch.manual_seed(0)
+    tok, logp = draw(logits, 0.7, greedy=False)
+    torch.manual_seed(0)
+    assert torch.equal(tok, torch.multinomial(torch.softmax(logits / 0.7, -1), 1).squeeze(-1))
+    scaled = logits / 0.7
+    assert torch.equal(logp, scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, -1))
+
+
 def test_toy_behaviour_logp_equals_recomputed_old_logp():
     task = ToyTask(load("configs/toy.yaml").task)
     policy = ToyPolicy(task)
@@ -51,6 +64,23 @@ def test_lm_behaviour_logp_equals_recomputed_old_logp():
     assert (ro.behav_logp[~mask] == 0).all() and (ro.behav_logp[mask] <= 0).all()
     old = sequence_logprobs(policy, ro, 0.8)  # full forward, no KV cache: the trainer's pi_old
     assert_close(ro.behav_logp[mask], old[mask], atol=1e-5, rtol=0)
+
+
+def test_compacted_sampler_drops_finished_rows_and_samples_the_same_tokens():
+    model, tok = load_model("models/tiny-arith"), load_tokenizer("models/tiny-arith")
+    args = (["7+8=", "12*3=", "5-2=", "100+1=", "999*9=", "1+1="], 4, 1.5, 10)
+    full, full_rows = sample_counting_rows(LMPolicy(model, tok, torch.device("cpu"), compact=False), *args)
+    ro, rows = sample_counting_rows(LMPolicy(model, tok, torch.device("cpu")), *args)
+    lengths = full.lengths.long()
+    assert len(set(lengths.tolist())) > 1 and not full.truncated.any()  # EOS at several positions
+    assert full_rows == [6] + [24] * (len(full_rows) - 1)  # prefill per prompt, then every row every token
+    # compacted: the forward after token t holds only the rows without EOS among tokens 0..t
+    assert rows == [6] + [int((lengths > t + 1).sum()) for t in range(len(rows) - 1)]
+    assert sum(rows) < sum(full_rows)
+    for name in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(ro, name), getattr(full, name)), name
+    assert_close(ro.behav_logp, full.behav_logp, rtol=0, atol=1e-5)  # smaller batches may round otherwise
+    assert ro.texts == full.texts
 
 
 def test_select_and_cat_keep_behaviour_logp():

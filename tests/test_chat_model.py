@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import yaml
+from conftest import sample_counting_rows
 from typer.testing import CliRunner
 
 from ablate.cli.main import app
@@ -89,6 +90,23 @@ def test_sampling_left_pads_stops_on_eos_and_masks(chat_dir):
     for row in (0, 12):
         alone = execution.token_scores(policy, execution.trim(ro.select(torch.tensor([row]))), 1.0)[0]
         torch.testing.assert_close(alone[0], batch_logp[row, :alone.shape[1]], rtol=1e-4, atol=1e-4)
+
+
+def test_compacted_sampler_matches_the_uncompacted_one_on_the_chat_model(chat_dir):
+    path = str(chat_dir / "model")
+    model, tok = load_model(path), load_tokenizer(path)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                       tokenize=False) for r in ROWS]
+    args = (prompts, 4, 1.0, 24)
+    full, full_rows = sample_counting_rows(LMPolicy(model, tok, torch.device("cpu"), compact=False), *args)
+    ro, rows = sample_counting_rows(LMPolicy(model, tok, torch.device("cpu")), *args)
+    assert full.truncated.any() and not full.truncated.all()  # some rows end early, some run the full length
+    assert rows[1:] == [int((full.lengths > t + 1).sum()) for t in range(len(rows) - 1)] and rows[-1] < 32
+    for name in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(ro, name), getattr(full, name)), name
+    # the same tokens; their log-probs to float rounding (a smaller batch may round its matmuls otherwise)
+    torch.testing.assert_close(ro.behav_logp, full.behav_logp, rtol=0, atol=1e-5)
+    assert ro.texts == full.texts and full_rows == [8] + [32] * (len(full_rows) - 1)
 
 
 def test_ablate_train_runs_the_chat_model_on_jsonl(chat_dir, tmp_path):

@@ -9,7 +9,7 @@ import torch
 from ablate.config import parse
 from ablate.runs.store import RunStore
 from ablate.train import execution
-from ablate.train.models import build_base_model, merged_model
+from ablate.train.models import merged_model
 from ablate.train.rollout import AdaptersOff, LMPolicy
 from ablate.train.trainer import Batch, build_policy, sequence_logprobs, train, update
 
@@ -24,10 +24,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-model")
-    build_base_model(path, steps=10, progress=False)
-    return str(path)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 def small(model_dir, **extra):

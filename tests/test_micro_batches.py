@@ -14,7 +14,7 @@ from ablate.rl import losses
 from ablate.rl.losses import AGG_NORMALISERS, AGGREGATIONS, RATIO_LEVELS
 from ablate.runs.store import RunStore
 from ablate.train import execution
-from ablate.train.models import build_base_model, build_tokenizer
+from ablate.train.models import build_tokenizer
 from ablate.train.rollout import LMPolicy
 from ablate.train.trainer import Batch, sequence_logprobs, train, update
 
@@ -174,10 +174,8 @@ def test_token_scores_match_the_full_logits_path(rollout_case):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-model")
-    build_base_model(path, steps=10, progress=False)
-    return str(path)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.mark.parametrize("preset", ["grpo", "dapo"])

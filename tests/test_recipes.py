@@ -217,12 +217,8 @@ def test_regularisation_keys_validated():
 
 
 @pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory):
-    from ablate.train.models import build_base_model
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    build_base_model(path, steps=10, progress=False)
-    return str(path)
+def tiny_lm(tiny_model_dir):
+    return tiny_model_dir
 
 
 def lm(model_dir, steps, **recipe):

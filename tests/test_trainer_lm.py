@@ -8,15 +8,12 @@ import pytest
 from ablate.config import PRESETS, parse
 from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
-from ablate.train.models import build_base_model
 from ablate.train.trainer import train
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-model")
-    build_base_model(path, steps=10, progress=False)  # barely trained: fast, and the recipes only need to run
-    return str(path)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 def small(model_dir, **recipe):

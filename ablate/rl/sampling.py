@@ -88,6 +88,9 @@ class RowNoise:
         return torch.rand(self.total, generator=self.gen)[self.start:self.stop]
 
 
+DRAW_ELEMENTS = 2**25  # logits values drawn at once (128 MiB in fp32): blocks of 2^25 // V rows
+
+
 def draw(logits: Tensor, temperature: float, greedy: bool, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One token per row from next-token logits [N, V] -> (tokens [N], behaviour log-probs [N]).
 
@@ -95,21 +98,29 @@ def draw(logits: Tensor, temperature: float, greedy: bool, u: Tensor | None = No
     exceeds u (times the total, so rounding never runs past the last token); without, `torch.multinomial`
     on the global torch RNG. The log-prob is that of the drawn token under the distribution it was drawn
     from: softmax(logits / T), float32; greedy decoding draws from a point mass, so its log-prob is 0.
+    Rows are drawn in blocks of DRAW_ELEMENTS // V (so no fp32 temporary spans all rows at a real
+    vocabulary); on CPU the blocks consume the random stream exactly as one multinomial call over all
+    rows does (tested).
     """
     if greedy:
         tok = logits.argmax(-1)
         return tok, torch.zeros(tok.shape, device=tok.device)
-    scaled = logits.float() / temperature
-    probs = torch.softmax(scaled, dim=-1)
-    check_finite("sampling probabilities", probs)
-    if u is None:
-        tok = torch.multinomial(probs, 1).squeeze(-1)
-    else:
-        cdf = probs.cumsum(-1)  # [N, V]
-        target = u.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
-        tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
-    logp = scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    return tok, logp
+    toks, logps = [], []
+    rows = max(1, DRAW_ELEMENTS // logits.shape[-1])
+    for i, block in enumerate(logits.split(rows)):
+        scaled = block.float() / temperature  # [n, V]
+        lse = torch.logsumexp(scaled, dim=-1)  # [n]
+        check_finite("sampling probabilities", lse)  # finite iff every probability of its row is
+        probs = torch.softmax(scaled, dim=-1)
+        if u is None:
+            tok = torch.multinomial(probs, 1).squeeze(-1)
+        else:
+            cdf = probs.cumsum(-1)  # [n, V]
+            target = u[i * rows:(i + 1) * rows].to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
+            tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        toks.append(tok)
+        logps.append(scaled.gather(-1, tok[:, None]).squeeze(-1) - lse)
+    return torch.cat(toks), torch.cat(logps)
 
 
 @contextmanager

@@ -46,12 +46,14 @@ class LMPolicy:
     processors and stopping checks of `generate()` cost more than the model's forward itself.
     """
 
-    def __init__(self, model, tokenizer, device: torch.device, autocast_dtype=None, fp32_logits: bool = True):
+    def __init__(self, model, tokenizer, device: torch.device, autocast_dtype=None, fp32_logits: bool = True,
+                 compact: bool = True):
         self.module = model
         self.tokenizer = tokenizer
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.fp32_logits = fp32_logits
+        self.compact = compact  # drop finished rows from the sampling forward (same tokens either way)
         # HF gradient checkpointing drops the KV cache under grad: `features` then runs one plain forward
         self.checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         self.pad_id = tokenizer.pad_token_id
@@ -83,7 +85,13 @@ class LMPolicy:
         """n completions per prompt (rows grouped by prompt), with the behaviour log-prob of every sampled
         token (`Rollout.behav_logp`). Each prompt is prefilled once and its KV cache repeated n times: the
         n rows of a group share it exactly (causal attention). With `noise` each token is drawn by inverse
-        CDF from its row's uniform of that position (the same token at any batch split)."""
+        CDF from its row's uniform of that position (the same token at any batch split).
+
+        Compaction: once a row has sampled EOS it leaves the forward (its KV-cache rows are selected away),
+        so a batch with early EOS pays for its live rows only. `alive` holds the original row ids of the
+        rows still forwarded; the draw always sees all N rows in their original order (a finished row's
+        logits are stale and its token is replaced by padding), so the random stream, and the tokens, are
+        those of the uncompacted loop."""
         uids, umask = self.encode(prompts)
         ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
@@ -93,10 +101,12 @@ class LMPolicy:
         with self._autocast():
             out = self.base(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                               logits_to_keep=1)
-            out[self.cache_arg].batch_repeat_interleave(n)
-            logits = out.logits[:, -1].repeat_interleave(n, 0)
-            next_pos = positions[:, -1:] + 1
-            attn = mask
+            cache = out[self.cache_arg]
+            cache.batch_repeat_interleave(n)
+            logits = out.logits[:, -1].repeat_interleave(n, 0)  # [N, V], every row in original order
+            alive = torch.arange(N, device=self.device)  # [A] original ids of the rows forwarded
+            next_pos = positions[:, -1:] + 1  # [A, 1]
+            attn = mask  # [A, P + t]
             for t in range(max_new_tokens):
                 tok, logp = draw(logits, temperature, greedy, None if noise is None else noise.next())
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
@@ -105,10 +115,13 @@ class LMPolicy:
                 done |= tok == self.eos_id
                 if done.all() or t == max_new_tokens - 1:
                     break
+                if self.compact and done[alive].any():
+                    keep = (~done[alive]).nonzero().squeeze(-1)  # positions within the forwarded rows
+                    cache.batch_select_indices(keep)
+                    alive, attn, next_pos = alive[keep], attn[keep], next_pos[keep]
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                out = self.base(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                                  use_cache=True, **{self.cache_arg: out[self.cache_arg]})
-                logits = out.logits[:, -1]
+                logits[alive] = self.base(input_ids=tok[alive, None], attention_mask=attn, position_ids=next_pos,
+                                          use_cache=True, **{self.cache_arg: cache}).logits[:, -1]
                 next_pos = next_pos + 1
         completion = torch.stack(tokens, dim=1)  # [N, T]
         is_eos = completion == self.eos_id
