@@ -207,3 +207,29 @@ def test_narrowing_warning_needs_changes_beyond_the_ci():
     warns = narrowing_warnings(pd.DataFrame(rows, columns=["arm", "k", "mean", "lo", "hi"]))
     assert warns == ["'sharp': pass@1 up (0.48 -> 0.7) but pass@8 down (0.8 -> 0.74) versus the base model: "
                      "RL narrowed the solutions"]
+
+
+def test_named_arms_that_are_not_a_factorial_get_a_headline_labelled_by_arm(tmp_path):
+    """Named arms moving several keys at once (policy_loss, and RAFT's baseline too) are no factorial
+    design: the keys are confounded with the arm (one factor), every arm is compared with the reference
+    (RAFT was dropped: no cell had it at the reference baseline) and runs are labelled by arm alone."""
+    arms = {"ppo_clip": ({"policy_loss": "ppo_clip", "baseline": "group_mean"}, 0.60),
+            "cispo": ({"policy_loss": "cispo", "baseline": "group_mean"}, 0.70),
+            "raft": ({"policy_loss": "raft", "baseline": "none"}, 0.50)}
+    rng, entries = np.random.default_rng(0), {}
+    for arm, (recipe, final) in arms.items():
+        for s in range(3):
+            rid = f"{arm}-s{s}"
+            cfg = {"run_id": rid, "task": {"name": "synthetic"}, "model": {"path": "none"}, "steps": 50, "seed": s,
+                   "recipe": recipe}
+            write_run(tmp_path / rid, cfg, final + 0.01 * s, 50, rng, samples=False)
+            entries[rid] = {"arm": arm, "seed": s, "toggles": {f"recipe.{k}": v for k, v in recipe.items()},
+                            "steps": 50, "jobs": []}
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "named", "spec": {"name": "named", "arms": {a: {} for a in arms}},
+                                                        "runs": entries}))
+    rep = build_report([tmp_path], figures=False)
+    contrasts = [line for line in rep.headline if "ppo_clip" in line]
+    assert [line.split(":")[0] for line in contrasts] == ["arm ppo_clip -> cispo", "arm ppo_clip -> raft"]
+    assert [f.keys for f in rep.study.factors] == [("__arm__", "recipe.policy_loss", "recipe.baseline")]
+    assert "+10.0" in contrasts[0] and "-10.0" in contrasts[1] and "n.s." not in contrasts[0]
+    assert sorted(set(rep.study.runs["arm"])) == ["cispo", "ppo_clip", "raft"]

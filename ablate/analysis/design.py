@@ -124,6 +124,13 @@ def assign_arms(runs: pd.DataFrame, paths=(), manifests: tuple[dict, dict] | Non
         column = f"level:{name}"
         runs[column] = lab.values
         factors.append(Factor(name, tuple(ks), levels, column))
+    named = [f for f in factors if f.name == "arm"]
+    if named and len(factors) > 1 and all(runs.groupby(named[0].column)[f.column].nunique().max() == 1
+                                          for f in factors if f.name != "arm"):
+        # named arms that fix every other key (RAFT's arm moves policy_loss and baseline): the keys are
+        # confounded with the arm, one factor, so every arm is compared with the reference, none dropped
+        a = named[0]
+        factors = [Factor(a.name, tuple(k for f in factors for k in f.keys), a.levels, a.column)]
     if factors:
         def label(row):
             return ", ".join(row[f.column] if f.name == "arm" else f"{f.name}={row[f.column]}" for f in factors)

@@ -248,15 +248,15 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str, adj
             return f"{est * scale:+.1f} {unit} [CI undefined]"
         return f"{est * scale:+.1f} {unit} [{lo * scale:.1f}, {hi * scale:.1f}]"
 
-    def verdict(r):
-        if not r.significant:
+    def verdict(significant: bool, adj_significant: bool) -> str:
+        if not significant:
             return " (n.s.)"
-        return "" if adjust == "none" or r.adj_significant else f" (n.s. after {render.ADJUST_NAMES[adjust]})"
+        return "" if adjust == "none" or adj_significant else f" (n.s. after {render.ADJUST_NAMES[adjust]})"
 
     lines = []
     if eff is not None and len(eff):
         for r in eff[eff["kind"] == "main"].itertuples():
-            s = f"{r.factor} {r.vs} -> {r.level}: {fmt(r.estimate, r.lo, r.hi)}" + verdict(r)
+            s = f"{r.factor} {r.vs} -> {r.level}: {fmt(r.estimate, r.lo, r.hi)}" + verdict(r.significant, r.adj_significant)
             inter = eff[(eff["kind"] == "interaction") & (((eff["factor"] == r.factor) & (eff["level"] == r.level))
                                                          | ((eff["factor2"] == r.factor) & (eff["level2"] == r.level)))]
             for q in inter.itertuples():
@@ -267,7 +267,7 @@ def headline(eff: pd.DataFrame, arms: pd.DataFrame, scale: float, unit: str, adj
         for r in arms[~arms["reference"]].itertuples():
             sig = np.isfinite(r.diff_lo) and (r.diff_lo > 0 or r.diff_hi < 0)
             lines.append(f"{r.arm} vs {arms.iloc[0]['arm']}: {fmt(r.diff, r.diff_lo, r.diff_hi)}"
-                         + verdict(r._replace(significant=sig)))
+                         + verdict(sig, r.adj_significant))
     return lines
 
 
