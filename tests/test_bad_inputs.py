@@ -61,7 +61,7 @@ CASES = [
     ("cfg-baseline-literal", {"c.yaml": "recipe:\n  baseline: mean\n"}, ["train", "c.yaml"],
      ["c.yaml", "recipe.baseline", "'group_mean'", "'leave_one_out'"]),
     ("cfg-preset-list", {"c.yaml": "preset: [grpo]\n"}, ["train", "c.yaml"], ["c.yaml", "preset", "grpo", "dr_grpo"]),
-    ("cfg-preset-unknown", {"c.yaml": "preset: ppo\n"}, ["train", "c.yaml"], ["c.yaml", "preset", "rloo"]),
+    ("cfg-preset-unknown", {"c.yaml": "preset: ppo2\n"}, ["train", "c.yaml"], ["c.yaml", "preset", "rloo"]),
     ("cfg-steps-string", {"c.yaml": "steps: ten\n"}, ["train", "c.yaml"], ["c.yaml", "steps", "expected int"]),
     ("cfg-steps-zero", {"c.yaml": toy("").replace("steps: 250", "steps: 0")}, ["train", "c.yaml"], ["c.yaml", "steps must be >= 1"]),
     ("cfg-seed-negative", {"c.yaml": toy("seed: -1\n")}, ["train", "c.yaml"], ["c.yaml", "seed and task.seed must be >= 0"]),
