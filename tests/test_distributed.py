@@ -144,8 +144,11 @@ def test_a_killed_rank_fails_the_run_and_the_rerun_resumes_it(two_ranks, tmp_pat
     status = store.status()
     # rank 0's own traceback (its collective lost the peer), then the launcher's account of rank 1's death
     assert status["state"] == "failed" and status["step"] in (6, 7)
-    assert "Traceback" in status["error"] and "SIGKILL" in status["error"]
-    assert "SIGKILL" in failure.format_msg()
+    # which failure the launcher sees first is a race under load: rank 1's SIGKILL, or rank 0's collective
+    # losing its peer (gloo: "Connection reset by peer" / "Connection closed by peer")
+    died = ("SIGKILL", "Connection reset by peer", "Connection closed by peer")
+    assert "Traceback" in status["error"] and any(d in status["error"] for d in died)
+    assert any(d in failure.format_msg() for d in died)
     assert train(cfg, killed, progress=False) == "completed"  # resumes from step 4, here at world size 1
     assert store.provenance()["resumed_from_steps"] == [4]
     assert train(cfg, str(tmp_path), progress=False) == "completed"  # never interrupted
