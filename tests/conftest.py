@@ -59,16 +59,16 @@ def crash_training_at(monkeypatch, cfg, run_dir, step: int) -> None:
     monkeypatch.setattr(RunStore, "set_status", real)
 
 
-def sample_counting_rows(policy, *args):
-    """policy.sample(*args) under seed 0, and the number of rows of every forward it ran."""
-    import torch
+def sample_counting_rows(policy, prompts, n, *args, key=(0, 0, 0, 0)):
+    """policy.sample(prompts, n, *args) with the row noise the trainer uses (a fixed key), and the number of
+    rows of every decoder forward it ran."""
+    from ablate.rl.sampling import RowNoise
 
     rows = []
-    hook = policy.base.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
-                                                 with_kwargs=True)
-    torch.manual_seed(0)
+    hook = policy.base.get_decoder().register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
     try:
-        return policy.sample(*args), rows
+        return policy.sample(prompts, n, *args, noise=RowNoise(key, len(prompts) * n)), rows
     finally:
         hook.remove()
 

@@ -35,11 +35,19 @@ def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """log p(tokens) from logits [N,T,V] and token ids [N,T] -> [N,T] (float32 or wider).
 
     The caller has already divided the logits by the sampling temperature. gather - logsumexp avoids
-    materialising a second [N,T,V] log_softmax tensor.
+    materialising a second [N,T,V] log_softmax tensor. The logsumexp is max + log sum exp(z - max), the
+    sampler's arithmetic (`sampling.draw`, `fused_head`): on-policy, behaviour and old log-probs of equal
+    logits agree bit for bit (torch.logsumexp rounds otherwise). The max is a constant to autograd.
     """
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     picked = logits.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)  # [N,T]
-    return picked - torch.logsumexp(logits, dim=-1)
+    return picked - logsumexp(logits)
+
+
+def logsumexp(logits: Tensor) -> Tensor:
+    """log sum_j exp(z_j) over the last dim, [..., V] -> [...], as max + log sum exp(z - max)."""
+    top = logits.detach().amax(-1, keepdim=True)
+    return (top + (logits - top).exp().sum(-1, keepdim=True).log()).squeeze(-1)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

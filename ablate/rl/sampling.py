@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ablate.rl.divergence import check_finite
+from ablate.rl.losses import logsumexp
 
 
 @dataclass
@@ -91,16 +92,18 @@ class RowNoise:
 DRAW_ELEMENTS = 2**25  # logits values drawn at once (128 MiB in fp32): blocks of 2^25 // V rows
 
 
-def draw(logits: Tensor, temperature: float, greedy: bool, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def draw(logits: Tensor, temperature: float, greedy: bool, u: Tensor | None = None,
+         work: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One token per row from next-token logits [N, V] -> (tokens [N], behaviour log-probs [N]).
 
-    With uniforms `u` [N] (a `RowNoise` draw) by inverse CDF: the first token whose cumulative probability
-    exceeds u (times the total, so rounding never runs past the last token); without, `torch.multinomial`
-    on the global torch RNG. The log-prob is that of the drawn token under the distribution it was drawn
-    from: softmax(logits / T), float32; greedy decoding draws from a point mass, so its log-prob is 0.
-    Rows are drawn in blocks of DRAW_ELEMENTS // V (so no fp32 temporary spans all rows at a real
-    vocabulary); on CPU the blocks consume the random stream exactly as one multinomial call over all
-    rows does (tested).
+    With uniforms `u` [N] (a `RowNoise` draw) by inverse CDF: the first token whose cumulative
+    (unnormalised) probability exceeds u times the row's total, so rounding never runs past the last token;
+    without, `torch.multinomial` on the global torch RNG. The log-prob is that of the drawn token under the
+    distribution it was drawn from: softmax(logits / T), float32; greedy decoding draws from a point mass, so
+    its log-prob is 0. Rows are drawn in blocks of DRAW_ELEMENTS // V (so no fp32 temporary spans all rows
+    at a real vocabulary); on CPU the blocks consume the random stream exactly as one multinomial call over
+    all rows does (tested). `work`: a float32 buffer of at least [block rows, V]; with it, float32 `logits`
+    are used as working memory too (overwritten), so the inverse-CDF draw allocates nothing of size V.
     """
     if greedy:
         tok = logits.argmax(-1)
@@ -108,14 +111,20 @@ def draw(logits: Tensor, temperature: float, greedy: bool, u: Tensor | None = No
     toks, logps = [], []
     rows = max(1, DRAW_ELEMENTS // logits.shape[-1])
     for i, block in enumerate(logits.split(rows)):
-        scaled = block.float() / temperature  # [n, V]
-        lse = torch.logsumexp(scaled, dim=-1)  # [n]
-        check_finite("sampling probabilities", lse)  # finite iff every probability of its row is
-        probs = torch.softmax(scaled, dim=-1)
         if u is None:
-            tok = torch.multinomial(probs, 1).squeeze(-1)
+            scaled = block.float() / temperature  # [n, V]
+            lse = logsumexp(scaled)  # [n]
+            check_finite("sampling probabilities", lse)  # finite iff every probability of its row is
+            tok = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
         else:
-            cdf = probs.cumsum(-1)  # [n, V]
+            in_place = work is not None and block.dtype == torch.float32
+            scaled = (block.div_(temperature) if temperature != 1.0 else block) if in_place \
+                else block.float() / temperature  # [n, V]
+            top = scaled.amax(-1, keepdim=True)  # [n, 1]
+            p = torch.sub(scaled, top, out=work[:len(block)] if in_place else None).exp_()  # [n, V] unnormalised
+            lse = (top + p.sum(-1, keepdim=True).log()).squeeze(-1)  # [n] losses.logsumexp's arithmetic
+            check_finite("sampling probabilities", lse)
+            cdf = p.cumsum_(-1)
             target = u[i * rows:(i + 1) * rows].to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
             tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
         toks.append(tok)

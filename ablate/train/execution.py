@@ -3,7 +3,8 @@ log-probs, deterministic mode. Nothing here may change a result beyond float rou
 
 A policy exposes `features(rollout) -> [N, T, H]` (final hidden states at the completion positions) and
 `head(h) -> [.., V]` (the lm-head); log-probs and entropies are computed from them chunk by chunk
-(`losses.chunked_token_logprobs`), so no [rows, T, V] tensor is ever materialised.
+(`fused_head.linear_token_logprobs` when the policy's `linear_head()` gives a plain linear head, else
+`losses.chunked_token_logprobs`), so no [rows, T, V] tensor is ever materialised.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from ablate.config import ComputeConfig
 from ablate.rl import losses
+from ablate.rl.fused_head import linear_token_logprobs
 from ablate.rl.sampling import Rollout
 
 # --- micro-batches -----------------------------------------------------------------------------------
@@ -76,8 +78,13 @@ def token_scores(policy, rollout: Rollout, temperature: float,
     grad when enabled. Only generated positions (completion mask) are scored; the others hold 0."""
     hidden = policy.features(rollout)  # [n, T, H]
     scored = rollout.completion_mask.bool()  # [n, T]
-    logp, ent = losses.chunked_token_logprobs(hidden[scored], policy.head, rollout.completion_ids[scored],
-                                              temperature, entropy)
+    linear = policy.linear_head() if hasattr(policy, "linear_head") else None  # (W, b, matmul dtype) or None
+    if linear is not None:  # a plain linear lm-head: the fused path (two chunk buffers, backward by hand)
+        logp, ent = linear_token_logprobs(hidden[scored], *linear[:2], rollout.completion_ids[scored], temperature,
+                                          entropy, dtype=linear[2])
+    else:
+        logp, ent = losses.chunked_token_logprobs(hidden[scored], policy.head, rollout.completion_ids[scored],
+                                                  temperature, entropy)
 
     def spread(x: Tensor) -> Tensor:  # [M] -> [n, T], zeros elsewhere
         return torch.zeros(scored.shape, dtype=x.dtype, device=x.device).masked_scatter(scored, x)

@@ -61,7 +61,10 @@ def pending_from_state(state: list[dict], batch_type: type) -> Pending:
 
 def correct(r: RecipeConfig, old_logp: Tensor, behav_logp: Tensor, loss_mask: Tensor):
     """Apply `recipe.is_correction` (the one place it is read): (IS weights [N,T], loss mask [N,T] with the
-    rejected tokens removed, stats). With `none` the mask comes back unchanged and the weights are 1."""
+    rejected tokens removed, stats). With `none` the mask comes back unchanged and the weights are 1.
+    `old_logp` None: the step ran no old pass (recipes.needs_old_pass), so the correction is `none`, which
+    reads no log-prob."""
+    old_logp = behav_logp if old_logp is None else old_logp
     weights, keep, stats = is_correction(r.is_correction, old_logp, behav_logp.to(old_logp.device), loss_mask,
                                          cap=r.is_cap, lo=r.is_lo, hi=r.is_hi)
     return weights, loss_mask * keep, stats

@@ -42,6 +42,21 @@ def policy_loss_params(r: RecipeConfig, seed: int = 0, step: int = 0) -> dict:
     return params
 
 
+def ratio_can_leave_one(r: RecipeConfig) -> bool:
+    """Whether pi_old must be the ratio's anchor: several epochs or minibatches move the policy away from the
+    rollout's, and KL in the reward reads pi_old before the update. Otherwise the ratio is exactly 1 and
+    the update anchors on its own detached log-probs."""
+    return r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
+
+
+def needs_old_pass(r: RecipeConfig) -> bool:
+    """Whether the step scores the rollout under pi_old before the update: when the ratio can leave 1, an IS
+    correction weighs behaviour against old, or top-entropy selection reads the old pass's entropies.
+    Otherwise the update's own first forward is pi_old (as TRL does on-policy): one forward fewer, and the
+    behaviour/old mismatch metrics read the update's log-probs."""
+    return ratio_can_leave_one(r) or r.is_correction != "none" or needs_entropies(r)
+
+
 def needs_entropies(r: RecipeConfig) -> bool:
     """Whether the step's first forward (the old-policy pass) must also return token entropies."""
     return r.token_selection == "top_entropy"

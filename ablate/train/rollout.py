@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from ablate.rl.sampling import Rollout, RowNoise, draw
+from ablate.rl.fused_head import logits_into
+from ablate.rl.sampling import DRAW_ELEMENTS, Rollout, RowNoise, draw
 
 
 @runtime_checkable
@@ -89,39 +90,51 @@ class LMPolicy:
 
         Compaction: once a row has sampled EOS it leaves the forward (its KV-cache rows are selected away),
         so a batch with early EOS pays for its live rows only. `alive` holds the original row ids of the
-        rows still forwarded; the draw always sees all N rows in their original order (a finished row's
-        logits are stale and its token is replaced by padding), so the random stream, and the tokens, are
-        those of the uncompacted loop."""
+        rows still forwarded, and only they draw: with `noise` a row's token depends on its own uniforms
+        alone, so the tokens are those of the uncompacted loop. Without noise (torch.multinomial on the
+        global stream) every row draws at every position, so nothing is compacted. The logits live in one
+        [N, V] buffer written in place at every position (`_head_into`), rows in `alive` order."""
         uids, umask = self.encode(prompts)
         ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
+        # multinomial on the global stream (no noise): every row draws at every position, in order
+        compact = self.compact and (noise is not None or greedy)
+        decoder, cache = self.base.get_decoder(), DynamicCache(config=self.base.config)
+        vocab = self.base.get_output_embeddings().weight.shape[0]
+        logits = torch.empty(N, vocab, dtype=torch.promote_types(self.base.dtype, torch.float32), device=self.device)
+        work = torch.empty(min(N, max(1, DRAW_ELEMENTS // vocab)), vocab, device=self.device)  # draw's scratch
         tokens, logps = [], []
         with self._autocast():
-            out = self.base(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
-                              logits_to_keep=1)
-            cache = out[self.cache_arg]
+            out = decoder(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
+                          **{self.cache_arg: cache})
             cache.batch_repeat_interleave(n)
-            logits = out.logits[:, -1].repeat_interleave(n, 0)  # [N, V], every row in original order
+            first = self._head_into(torch.empty_like(logits[:len(prompts)]), out.last_hidden_state[:, -1])  # [U, V]
+            torch.index_select(first, 0, torch.arange(len(prompts), device=self.device).repeat_interleave(n),
+                               out=logits)  # every row, in original order
             alive = torch.arange(N, device=self.device)  # [A] original ids of the rows forwarded
             next_pos = positions[:, -1:] + 1  # [A, 1]
             attn = mask  # [A, P + t]
             for t in range(max_new_tokens):
-                tok, logp = draw(logits, temperature, greedy, None if noise is None else noise.next())
+                u = None if noise is None else noise.next().to(self.device)[alive]
+                tok_a, logp_a = draw(logits[:len(alive)], temperature, greedy, u, work)  # rows of `alive`
+                tok = torch.full((N,), self.pad_id, device=self.device).index_copy_(0, alive, tok_a)
                 tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
                 tokens.append(tok)
+                logp = torch.zeros(N, device=self.device).index_copy_(0, alive, logp_a)
                 logps.append(torch.where(done, torch.zeros_like(logp), logp))  # 0 after EOS (masked)
                 done |= tok == self.eos_id
                 if done.all() or t == max_new_tokens - 1:
                     break
-                if self.compact and done[alive].any():
+                if compact and done[alive].any():
                     keep = (~done[alive]).nonzero().squeeze(-1)  # positions within the forwarded rows
                     cache.batch_select_indices(keep)
                     alive, attn, next_pos = alive[keep], attn[keep], next_pos[keep]
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                logits[alive] = self.base(input_ids=tok[alive, None], attention_mask=attn, position_ids=next_pos,
-                                          use_cache=True, **{self.cache_arg: cache}).logits[:, -1]
+                hidden = decoder(input_ids=tok[alive, None], attention_mask=attn, position_ids=next_pos,
+                                 use_cache=True, **{self.cache_arg: cache}).last_hidden_state[:, -1]  # [A, H]
+                self._head_into(logits, hidden)
                 next_pos = next_pos + 1
         completion = torch.stack(tokens, dim=1)  # [N, T]
         is_eos = completion == self.eos_id
@@ -130,6 +143,15 @@ class LMPolicy:
         texts = self.tokenizer.batch_decode(completion.masked_fill(is_eos, self.pad_id), skip_special_tokens=True)
         return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts,
                        behav_logp=torch.stack(logps, dim=1))
+
+    def _head_into(self, out: Tensor, hidden: Tensor) -> Tensor:
+        """The lm-head's logits of `hidden` [A, H] written into out[:A] (a buffer reused at every position,
+        so sampling allocates no [rows, V] tensor per token); returns that view."""
+        linear = self.linear_head()
+        if linear is None:
+            return out[:len(hidden)].copy_(self.head(hidden))
+        weight, bias, dtype = linear
+        return logits_into(out, hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype), 1.0)
 
     def logits(self, rollout: Rollout) -> Tensor:
         """Next-token logits at each completion position, [N, T, V] (with grad); tests and small vocabularies
@@ -147,6 +169,21 @@ class LMPolicy:
         with self._autocast():
             logits = lm_head(hidden)
         return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # fp64 stays fp64
+
+    def linear_head(self) -> tuple[Tensor, Tensor | None, torch.dtype] | None:
+        """(weight [V, H], bias [V] or None, matmul dtype) when the lm-head is a plain linear layer (the fused
+        log-prob path, rl/fused_head.py; a LoRA-adapted head is not), else None. The dtype follows `head`:
+        fp32 (fp64 for a float64 model), or the autocast dtype without `fp32_logits`."""
+        lm_head = self.base.get_output_embeddings()
+        if type(lm_head) is not torch.nn.Linear:
+            return None
+        if lm_head.weight.dtype == torch.float64:
+            dtype = torch.float64
+        elif self.autocast_dtype is not None and not self.fp32_logits:
+            dtype = self.autocast_dtype
+        else:
+            dtype = torch.float32
+        return lm_head.weight, lm_head.bias, dtype
 
     def features(self, rollout: Rollout) -> Tensor:
         """Final hidden states at each completion position, [N, T, H] (with grad): position t holds the

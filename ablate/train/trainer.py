@@ -263,7 +263,8 @@ def sequence_scores(policy, rollout: Rollout, temperature: float, budget: int = 
 
 def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mask: torch.Tensor,
            optimizer, cfg: RunConfig, step: int = 0, kl_coef: float | None = None,
-           is_weights: torch.Tensor | None = None, selected: torch.Tensor | None = None) -> dict[str, float]:
+           is_weights: torch.Tensor | None = None, selected: torch.Tensor | None = None
+           ) -> tuple[dict[str, float], torch.Tensor]:
     """`update_epochs` passes over the rollout in `minibatches` optimizer steps (PPO-style), each
     accumulated over micro-batches of at most `compute.micro_batch_tokens` tokens. Every aggregation's
     normaliser belongs to the whole minibatch, so the accumulated gradient is the one-pass gradient.
@@ -271,7 +272,8 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
     `selected` [N,T] are the tokens `token_selection` keeps (fixed for the step; None = all). Batch-level
     selections (top-entropy, Clip-Cov / KL-Cov) never depend on the micro-batch split.
     Several ranks: each back-propagates its share of every minibatch's rows and the gradients are summed
-    (ablate/train/distributed.py); the normalisers stay the whole minibatch's, so the sum is the same."""
+    (ablate/train/distributed.py); the normalisers stay the whole minibatch's, so the sum is the same.
+    Returns the logged means and the first epoch's detached token log-probs [N, T] (on-policy: pi_old's)."""
     r = cfg.recipe
     kl_coef = r.kl_coef if kl_coef is None else kl_coef  # adaptive when recipe.kl_target is set
     agg = losses.AGGREGATIONS[r.loss_agg]
@@ -280,6 +282,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
     N = len(batch.rollout)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     logs: dict[str, list[float]] = {}
+    first_logp = loss_mask.new_zeros(loss_mask.shape)  # [N, T] epoch 0's detached log-probs (pi_old on-policy)
     for epoch in range(r.update_epochs):
         for idx in torch.randperm(N).split(math.ceil(N / r.minibatches)):
             optimizer.zero_grad(set_to_none=True)
@@ -341,11 +344,12 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                    **losses.policy_diagnostics(lp, old_lp, adv[idx], whole_mask, ent)}
             if epoch == 0:  # entropy and KL describe the rollout policy: first pass only
                 row["entropy"], row["kl"] = row["loss_entropy"], row["loss_kl"]
+                first_logp[idx.to(first_logp.device)] = lp.to(first_logp.dtype)
             for k, v in row.items():
                 logs.setdefault(k, []).append(float(torch.as_tensor(v).detach()))
     out = {k: float(np.mean(v)) for k, v in logs.items()}
     out["ratio_max"] = float(np.max(logs["ratio_max"]))
-    return out
+    return out, first_logp
 
 
 SUMMED = ("loss", "loss_policy", "loss_kl", "loss_entropy")  # aggregated terms: micro-batches add up
@@ -544,7 +548,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         log_eval(store, 0, ev, samples, None, problems)
 
     engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
-    needs_old_logp = r.update_epochs > 1 or r.minibatches > 1 or (r.kl_coef > 0 and r.kl_placement == "reward")
+    needs_old_logp = recipes.ratio_can_leave_one(r)
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeRemainingColumn(), disable=not (progress and distributed.is_main()))
     bar_task = bar.add_task("", total=cfg.steps, completed=step)
@@ -580,10 +584,12 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     pending.append((fresh, greedy, step - 1))
                 batch, greedy, version = pending.popleft()  # sampled by the policy after `version` updates
                 t1 = time.perf_counter()
-                # 2. old (pi_old, recomputed now: the PPO anchor) and reference log-probs
+                # 2. old (pi_old, recomputed now: the PPO anchor; on-policy the update's first forward is
+                # pi_old instead: recipes.needs_old_pass) and reference log-probs
                 budget = cfg.compute.micro_batch_tokens
                 old_logp, old_ent = sequence_scores(policy, batch.rollout, r.temperature, budget,
-                                                    entropy=recipes.needs_entropies(r))  # old_ent: top-entropy
+                                                    entropy=recipes.needs_entropies(r)) \
+                    if recipes.needs_old_pass(r) else (None, None)  # old_ent: top-entropy
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature, budget) if ref is not None else None
                 mask = batch.rollout.completion_mask
                 rewards = batch.rewards
@@ -599,9 +605,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # behaviour -> old: IS weights, and rejected tokens leave the mask before any denominator
                 is_weights, kept, is_stats = offpolicy.correct(r, old_logp, batch.rollout.behav_logp, loss_mask)
-                off = offpolicy.step_metrics(old_logp, batch.rollout.behav_logp, loss_mask, is_weights, kept.bool(),
-                                             is_stats, lag=step - 1 - version)
-                loss_mask = kept
+                mismatch_mask, loss_mask = loss_mask, kept
                 # token-level advantages: whitened (recipe.adv_whiten), or GAE from the critic after fitting it
                 adv, critic_row = critic.step(batch.rollout, batch.rewards, kl_tok, kl_state.coef, loss_mask, cfg_t,
                                               step) if critic else \
@@ -609,13 +613,15 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 adv = recipes.shape_advantages(adv, r)
                 # 4. update (pi_old is the ratio's anchor only when the ratio can leave 1)
                 try:
-                    up = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv, loss_mask,
-                                optimizer, cfg_t, step, kl_state.coef, is_weights,
-                                recipes.select_tokens(r, old_ent, loss_mask))
+                    up, first_logp = update(policy, ref_logp, old_logp if needs_old_logp else None, batch, adv,
+                                            loss_mask, optimizer, cfg_t, step, kl_state.coef, is_weights,
+                                            recipes.select_tokens(r, old_ent, loss_mask))
                     check_parameters(policy.module)
                 except Diverged as err:
                     store.set_status("diverged", step, str(err))
                     return "diverged"
+                off = offpolicy.step_metrics(first_logp if old_logp is None else old_logp, batch.rollout.behav_logp,
+                                             mismatch_mask, is_weights, kept.bool(), is_stats, lag=step - 1 - version)
                 kl_row = recipes.end_of_step(r, kl_state, step, up["kl"], len(batch.rollout), policy, ref, optimizer) \
                     if ref is not None else {}
                 lr = scheduler.get_last_lr()[0]
