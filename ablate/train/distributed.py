@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ablate.rl.divergence import Diverged
 from ablate.runs.store import RunStore
 
 # --- the process group ---------------------------------------------------------------------------------
@@ -93,10 +95,58 @@ def gather_objects(obj: Any) -> list:
 
 def map_shards(n: int, fn: Callable[[slice], Any]) -> list:
     """`fn(part)` on this rank's share `part` of range(n), the results of all ranks gathered in rank
-    order; a rank with an empty share contributes nothing. At world size 1: [fn(slice(0, n))]."""
+    order; a rank with an empty share contributes nothing. At world size 1: [fn(slice(0, n))].
+    An exception in `fn` on any rank is raised on every rank (`raise_together`), before the gather."""
     part = split(n)
-    mine = fn(part) if part.stop > part.start else None
+    if world() == 1:
+        return [fn(part)] if part.stop > part.start else []
+    mine, failure = None, None
+    try:
+        mine = fn(part) if part.stop > part.start else None
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it, or they wait in the gather
+        failure = err
+    raise_together(failure)
     return [x for x in gather_objects(mine) if x is not None]
+
+
+def raise_together(err: Exception | None) -> None:
+    """Agree on a failure of the ranks' local work: each rank passes its exception (None when it
+    succeeded); one all-reduce (MAX) of a 0/1 flag; when some rank failed, the failures are gathered and
+    every rank raises the same exception, for the lowest failing rank: `Diverged` with its message when
+    it diverged (the run ends `diverged` at once, everywhere), else a RuntimeError naming the rank, its
+    error and its traceback (the run ends `failed`, that traceback in status.json). Nothing is sent
+    when no rank failed but the flag. One process: `err` itself is raised."""
+    if world() == 1:
+        if err is not None:
+            raise err
+        return
+    flag = torch.tensor([int(err is not None)], dtype=torch.int32)  # CPU: gloo also under nccl
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        return
+    mine = None if err is None else (isinstance(err, Diverged), f"{type(err).__name__}: {err}",
+                                     "".join(traceback.format_exception(err)))
+    r, (diverged, what, trace) = next((r, f) for r, f in enumerate(gather_objects(mine)) if f is not None)
+    if diverged:
+        raise Diverged(f"{what.partition(': ')[2]} (on rank {r} of {world()})") from err
+    raise RuntimeError(f"rank {r} of {world()} failed: {what}\n{trace}") from err
+
+
+def on_main(fn: Callable[[], Any]) -> Any:
+    """`fn()` computed by rank 0 alone and broadcast (pickled) to every rank: a decision only rank 0 can
+    take, e.g. Optuna's `should_prune`, whose trial lives there. An exception in it is raised on every
+    rank (`raise_together`). At world size 1: fn()."""
+    if world() == 1:
+        return fn()
+    out, failure = [None], None
+    if is_main():
+        try:
+            out[0] = fn()
+        except Exception as err:  # noqa: BLE001 - the other ranks wait for the answer
+            failure = err
+    raise_together(failure)
+    dist.broadcast_object_list(out, src=0)
+    return out[0]
 
 
 def gather_rows(x: Tensor) -> Tensor:
@@ -177,32 +227,42 @@ def open_store(root: str) -> RunStore:
 # --- launching N local ranks ---------------------------------------------------------------------------
 
 
-def _worker(jobs: list[tuple[Any, str]]) -> list[str]:
+def _worker(jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None) -> list[str]:
     """One rank: train each (config, run folder) in turn, in one process group; returns their states."""
     from ablate.train.trainer import train
 
     try:
-        return [train(cfg, out, progress=False) for cfg, out in jobs]
+        return [train(cfg, out, progress=False, should_prune=should_prune) for cfg, out in jobs]
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def launch(nproc: int, jobs: list[tuple[Any, str]]) -> list[str]:
-    """Train `jobs` [(RunConfig, run folder)] with `nproc` ranks on this machine, started by torch's
-    elastic launcher (torchrun's machinery: a c10d rendezvous on a free local port, no restarts); returns
-    rank 0's final states. A rank that fails stops the others and raises `ChildFailedError`; the run then
-    ends `failed` in status.json with the error (rank 0 writes its own traceback when it is the one)."""
+def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any) -> dict[int, Any]:
+    """`fn(*args)` in `nproc` processes on this machine, started by torch's elastic launcher (torchrun's
+    machinery: a c10d rendezvous on a free local port, torchrun's environment, no restarts); returns each
+    rank's result by rank. `fn` joins the process group itself (`init_from_env`). A rank that fails stops
+    the others and raises `ChildFailedError`."""
     import uuid
 
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.2, start_method="spawn" if torch.cuda.is_initialized() else "fork")
+    return elastic_launch(config, fn)(*args)
+
+
+def launch(nproc: int, jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None
+           ) -> list[str]:
+    """Train `jobs` [(RunConfig, run folder)] with `nproc` ranks on this machine (`run_ranks`); returns
+    rank 0's final states. `should_prune` as for `train` (rank 0's answer counts). A rank that fails stops
+    the others and raises `ChildFailedError`; the run then ends `failed` in status.json with the error
+    (rank 0 writes its own traceback when it is the one)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
-        return elastic_launch(config, _worker)(jobs)[0]
+        return run_ranks(nproc, _worker, jobs, should_prune)[0]
     except ChildFailedError as err:
         for _, out in jobs:  # in order: the first one not finished is the one that was training
             store = RunStore(out)
