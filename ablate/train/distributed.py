@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import traceback
 from collections.abc import Callable
@@ -70,27 +71,82 @@ def split(n: int) -> slice:
 # --- collectives (each the identity at world size 1) ---------------------------------------------------
 
 
-def to_device(obj: Any, device) -> Any:
-    """`obj` with every tensor inside (tuples, lists, dicts, dataclasses) moved to `device`."""
-    if isinstance(obj, Tensor):
-        return obj.to(device)
+def map_tensors(obj: Any, fn: Callable[[Any], Any], kind: type = Tensor) -> Any:
+    """`obj` with every `kind` inside (tuples, lists, dicts, dataclasses) replaced by `fn(it)`, visited in
+    a fixed order (the same for two objects of the same structure)."""
+    if isinstance(obj, kind):
+        return fn(obj)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(to_device(x, device) for x in obj)
+        return type(obj)(map_tensors(x, fn, kind) for x in obj)
     if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
+        return {k: map_tensors(v, fn, kind) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: to_device(getattr(obj, f.name), device)
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn, kind)
                                            for f in dataclasses.fields(obj) if f.init})
     return obj
 
 
+def to_device(obj: Any, device) -> Any:
+    """`obj` with every tensor inside (tuples, lists, dicts, dataclasses) moved to `device`."""
+    return map_tensors(obj, lambda t: t.to(device))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """A tensor's place in the pickled part of `gather_objects`: what its bytes become again."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: str  # "cpu" or "cuda": which backend carries it
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _device(kind: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+
 def gather_objects(obj: Any) -> list:
-    """Every rank's `obj`, in rank order (tensors come back on the CPU); [obj] at world size 1."""
+    """Every rank's `obj`, in rank order; [obj] at world size 1. The tensors inside (tuples, lists, dicts,
+    dataclasses) travel through tensor collectives: per device type, a rank's tensors as one byte buffer,
+    right-padded to the longest rank's and all-gathered once (gloo for CPU, nccl for CUDA), then cut at
+    the shapes and dtypes that travel with the rest (texts, numbers: pickled, `all_gather_object`). Each
+    tensor comes back bit for bit, on its device type (the current GPU for CUDA ones)."""
     if world() == 1:
         return [obj]
-    out: list = [None] * world()
-    dist.all_gather_object(out, to_device(obj, "cpu"))
-    return out
+    mine: list[Tensor] = []
+    skeleton = map_tensors(obj, lambda t: mine.append(t) or _Slot(t.dtype, tuple(t.shape), t.device.type))
+    skeletons: list = [None] * world()
+    dist.all_gather_object(skeletons, skeleton)
+    slots: list[list[_Slot]] = [[] for _ in skeletons]  # per rank, in visiting order
+    for r, sk in enumerate(skeletons):
+        map_tensors(sk, slots[r].append, _Slot)
+    tensors: list[list[Tensor]] = [[None] * len(s) for s in slots]  # type: ignore[list-item]
+    for kind in sorted({s.device for rank_slots in slots for s in rank_slots}):
+        local = [t.detach().contiguous().view(-1).view(torch.uint8) for t in mine if t.device.type == kind]
+        buf = torch.cat(local) if local else torch.zeros(0, dtype=torch.uint8, device=_device(kind))
+        sizes = [sum(s.nbytes for s in rank_slots if s.device == kind) for rank_slots in slots]
+        for r, part in enumerate(_all_gather_padded(buf.to(_device(kind)), sizes)):
+            at = 0
+            for i, s in enumerate(slots[r]):
+                if s.device == kind:  # clone: a view as another dtype needs an aligned start
+                    tensors[r][i] = part[at:at + s.nbytes].clone().view(s.dtype).view(s.shape)
+                    at += s.nbytes
+    return [map_tensors(sk, lambda _, it=iter(ts): next(it), _Slot) for sk, ts in zip(skeletons, tensors)]
+
+
+def _all_gather_padded(x: Tensor, sizes: list[int]) -> list[Tensor]:
+    """Every rank's `x` [sizes[rank], ...] (the same trailing shape, dtype and device type on every rank),
+    in rank order: one all_gather of the tensors right-padded along dim 0 to the longest."""
+    if max(sizes) == 0:
+        return [x.new_zeros((0, *x.shape[1:])) for _ in sizes]
+    padded = x.new_zeros((max(sizes), *x.shape[1:]))
+    padded[:len(x)] = x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return [p[:n] for p, n in zip(parts, sizes)]
 
 
 def map_shards(n: int, fn: Callable[[slice], Any]) -> list:
@@ -153,12 +209,9 @@ def gather_rows(x: Tensor) -> Tensor:
     """The ranks' [n_r, ...] tensors (same trailing shape and dtype) stacked in rank order, [sum n_r, ...]."""
     if world() == 1:
         return x
-    sizes = gather_objects(len(x))
-    padded = x.new_zeros((max(sizes), *x.shape[1:]))
-    padded[:len(x)] = x
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes)])
+    n = torch.tensor([len(x)], device=x.device)
+    sizes = [int(k) for k in torch.cat(_all_gather_padded(n, [1] * world()))]
+    return torch.cat(_all_gather_padded(x, sizes))
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:

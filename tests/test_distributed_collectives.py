@@ -90,3 +90,41 @@ def test_an_error_on_one_rank_fails_the_run_with_its_traceback_on_every_rank(tmp
     assert "rank 1 of 2 failed: ValueError: the sampler crashed" in status["error"]
     assert "in sample" in status["error"] and 'raise ValueError("the sampler crashed")' in status["error"]
     assert "rank 1 of 2 failed" in failure.value.format_msg()  # both ranks raised the same RuntimeError
+
+
+def _gather_uneven() -> dict:
+    """One rank of 2: gather shares of unequal sizes (rank 0: 3 rows of 4 columns, rank 1: 1 row of 2, as
+    rollouts of different completion lengths), of several dtypes, a 0-dim and a non-contiguous tensor,
+    texts and a rank with nothing (None); returns what this rank got."""
+    distributed.init_from_env(torch.device("cpu"))
+    r = distributed.rank()
+    rows = share(r)
+    nothing = None if r == 1 else {"x": torch.ones(2, 3)}
+    got = {"objects": distributed.gather_objects(rows), "rows": distributed.gather_rows(rows["logp"][:, :2]),  # [3|1, 2]
+           "empty": distributed.gather_rows(torch.zeros(0 if r == 1 else 2, 3)),
+           "none": distributed.gather_objects(nothing)}
+    torch.distributed.destroy_process_group()
+    return got
+
+
+def share(r: int) -> dict:
+    n, t = (3, 4) if r == 0 else (1, 2)
+    g = torch.Generator().manual_seed(r)
+    return {"logp": torch.randn(n, t, generator=g, dtype=torch.float64) / 3, "ids": torch.arange(n * t).view(n, t),
+            "mask": torch.rand(n, t, generator=g) > 0.5, "f32": torch.randn(t, n, generator=g).t(),  # not contiguous
+            "scalar": torch.tensor(r + 0.5), "texts": [f"rank {r} row {i}" for i in range(n)], "rank": r}
+
+
+def test_padded_tensor_gather_of_uneven_shares_is_bit_identical():
+    got = distributed.run_ranks(2, _gather_uneven)
+    shares = [share(0), share(1)]
+    for r in (0, 1):  # every rank holds every rank's share, exactly (dtype, shape, bits), texts included
+        objects = got[r]["objects"]
+        assert [o["texts"] for o in objects] == [s["texts"] for s in shares]
+        assert [o["rank"] for o in objects] == [0, 1]
+        for o, s in zip(objects, shares):
+            for k in ("logp", "ids", "mask", "f32", "scalar"):
+                assert o[k].dtype == s[k].dtype and o[k].shape == s[k].shape and torch.equal(o[k], s[k]), k
+        assert torch.equal(got[r]["rows"], torch.cat([s["logp"][:, :2] for s in shares]))
+        assert got[r]["empty"].shape == (2, 3)
+        assert got[r]["none"][1] is None and torch.equal(got[r]["none"][0]["x"], torch.ones(2, 3))
