@@ -16,7 +16,9 @@ indexed by the global row (`ablate.rl.sampling.RowNoise`), so the samples do not
 
 Rank 0 alone writes the run folder and the W&B mirror; the other ranks get a `FollowerStore` that reads
 (the checkpoint to resume from) and writes nothing. Every collective has the timeout
-`compute.collective_timeout_s`: a rank that died makes the others fail after it, never hang.
+`compute.collective_timeout_s`: a rank that died makes the others fail after it, never hang. A rank
+that raises in its share of `map_shards` does not leave the others waiting: `raise_together` makes every
+rank raise the same error at once; a decision only rank 0 can take (pruning) is broadcast, `on_main`.
 """
 
 from __future__ import annotations
@@ -180,12 +182,12 @@ def raise_together(err: Exception | None) -> None:
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if not flag.item():
         return
-    mine = None if err is None else (isinstance(err, Diverged), f"{type(err).__name__}: {err}",
+    mine = None if err is None else (isinstance(err, Diverged), type(err).__name__, str(err),
                                      "".join(traceback.format_exception(err)))
-    r, (diverged, what, trace) = next((r, f) for r, f in enumerate(gather_objects(mine)) if f is not None)
+    r, (diverged, kind, message, trace) = next((r, f) for r, f in enumerate(gather_objects(mine)) if f)
     if diverged:
-        raise Diverged(f"{what.partition(': ')[2]} (on rank {r} of {world()})") from err
-    raise RuntimeError(f"rank {r} of {world()} failed: {what}\n{trace}") from err
+        raise Diverged(f"{message} (on rank {r} of {world()})") from err
+    raise RuntimeError(f"rank {r} of {world()} failed: {kind}: {message}\n{trace}") from err
 
 
 def on_main(fn: Callable[[], Any]) -> Any:
