@@ -161,11 +161,11 @@ def test_shipped_profiles_give_their_ranks(name, n):
     assert ranks(load_profile(ROOT / "slurm" / "profiles" / f"{name}.yaml")) == n
 
 
-def toy_sweep(tmp_path, **executor):
+def toy_sweep(tmp_path, more: dict | None = None, **executor):
     from ablate.experiments.sweep import parse_spec
 
-    overrides = {"steps": 3, "prompts_per_step": 5, "recipe.group_size": 3, "eval.every": 2, "eval.n_samples": 3, "eval.ks": [1, 3],
-                 "tracking.wandb.mode": "disabled", "compute.threads": 1}
+    overrides = {"steps": 3, "prompts_per_step": 5, "recipe.group_size": 3, "eval.every": 2, "eval.n_samples": 3,
+                 "eval.ks": [1, 3], "tracking.wandb.mode": "disabled", "compute.threads": 1, **(more or {})}
     return parse_spec({"name": "toy2", "base": {"config": str(ROOT / "configs" / "toy.yaml"), "overrides": overrides},
                        "executor": executor, "out": str(tmp_path / "runs")},
                       "toy2.yaml", Path("."))
@@ -217,3 +217,18 @@ def test_bad_local_tasks_per_node_names_the_spec_key_and_allowed_values(tmp_path
         launch(sweep, expand(sweep))
     assert "toy2.yaml" in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
     assert not (tmp_path / "runs").exists()  # nothing submitted, nothing written
+
+
+def test_local_tasks_per_node_beyond_the_gpus_of_this_machine_is_refused_for_cuda_runs(tmp_path):
+    from ablate.experiments.launch import local_ranks
+    from ablate.experiments.sweep import expand
+
+    sweep = toy_sweep(tmp_path, tasks_per_node=2)
+    runs = expand(sweep)  # device: auto, i.e. CUDA on a machine with GPUs
+    with pytest.raises(SpecError) as err:
+        local_ranks(sweep, "local", sweep.executor, runs, gpus=1)
+    assert all(w in str(err.value) for w in ("toy2.yaml", "executor.tasks_per_node: 2", "1 GPU(s)", "at most 1"))
+    assert local_ranks(sweep, "local", sweep.executor, runs, gpus=2) == 2
+    assert local_ranks(sweep, "local", sweep.executor, runs, gpus=0) == 2  # a CPU machine: gloo ranks
+    cpu = toy_sweep(tmp_path, {"device": "cpu"}, tasks_per_node=2)  # CPU runs on a GPU machine: gloo ranks
+    assert local_ranks(cpu, "local", cpu.executor, expand(cpu), gpus=1) == 2

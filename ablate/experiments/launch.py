@@ -422,7 +422,7 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     out = sweep.out
     name = executor or sweep.executor.get("name", "local")
     settings = {**sweep.executor, **({"max_parallel": max_parallel} if max_parallel else {})}
-    local_ranks(sweep, name, settings)  # executor.tasks_per_node: the local executor's alone
+    local_ranks(sweep, name, settings, runs)  # executor.tasks_per_node: the local executor's alone
     params = load_profile(profile or sweep.slurm_profile) if name == "slurm" and (profile or sweep.slurm_profile) else {}
     if name != "slurm" and profile:
         load_profile(profile)  # still refuse a missing/bad profile
@@ -450,16 +450,26 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     return result
 
 
-def local_ranks(sweep: Sweep, executor: str, settings: dict) -> int:
+def local_ranks(sweep: Sweep, executor: str, settings: dict, runs: list[RunSpec] = (),
+                gpus: int | None = None) -> int:
     """The ranks of each run under the local executor: `executor.tasks_per_node` (default 1), started as
     the tasks of one submitit job on this machine (each task one rank, as `ablate train --nproc N`'s).
-    SpecError when it is set for another executor: on SLURM the run's shape is the profile's (`nodes`,
-    `gpus`, `tasks_per_node`), and the debug executor runs in this one process."""
+    SpecError when it is set for another executor (on SLURM the run's shape is the profile's `nodes`,
+    `gpus`, `tasks_per_node`; the debug executor runs in this one process), or when a run would train on
+    CUDA with more ranks than the `gpus` visible here (default: torch's count; nccl needs one per rank)."""
     tasks = settings.get("tasks_per_node", 1)
     if tasks > 1 and executor != "local":
         where = "the profile's nodes, gpus and tasks_per_node" if executor == "slurm" else "one process"
         raise SpecError(f"{sweep.source}: executor.tasks_per_node: {tasks} applies to the local executor only "
                         f"(this launch uses {executor!r}: {where}); remove it or run with --executor local")
+    if tasks > 1 and runs:
+        import torch
+
+        gpus = torch.cuda.device_count() if gpus is None else gpus
+        if gpus and tasks > gpus and any(r.config.device in ("auto", "cuda") for r in runs):
+            raise SpecError(f"{sweep.source}: executor.tasks_per_node: {tasks} ranks per run, but this machine has "
+                            f"{gpus} GPU(s) and each rank of a CUDA run drives its own; use at most {gpus}, or "
+                            f"device: cpu (gloo) for more")
     return tasks
 
 
