@@ -1,7 +1,8 @@
 """Ranks agree: a failure on one rank during sampling, scoring or evaluation (`distributed.map_shards`)
 ends the run on every rank at once, as `diverged` (a Diverged) or `failed` (any other error, with the
-failing rank's traceback); a pruning decision is rank 0's alone and every rank stops with it. Two real
-gloo ranks on CPU (`distributed.run_ranks`, what `ablate train --nproc 2` uses), the toy task."""
+failing rank's traceback); a pruning decision is rank 0's alone and every rank stops with it; gathers
+through tensor collectives give every rank's tensors back bit for bit, for uneven shares. Two real gloo
+ranks on CPU (`distributed.run_ranks`, what `ablate train --nproc 2` uses), the toy task."""
 
 import time
 from collections import Counter
