@@ -34,6 +34,11 @@ TOY_GRID = [(b, s, AGGS[(i + j) % 3]) for (i, b), (j, s) in product(enumerate(BA
 LM_RECIPES = [dict(preset="grpo", loss_agg="token_mean"),
               dict(baseline="batch_mean", scale="none", kl_coef=0.05, kl_placement="reward",
                    kl_estimator="k1", loss_agg="seq_mean_token_sum_norm", update_epochs=2, minibatches=2)]
+# PPO's critic (recipe.adv_whiten gae): its values and fit split across ranks like the policy's update; on
+# the toy (tabular values) and the tiny LM (the preset's 4 minibatches, GAE, value clip; a format reward, so
+# the barely trained LM earns reward for the critic to fit; no KL: KL in the reward is near 0 at step 2, so
+# its LM rounding moves advantages by 1e-5 relative, with the redundant critic of before as with this one)
+PPO_CASES = ["toy", "lm"]
 # (with scale "batch" on top of KL in the reward, an advantage moves by ~1e-5 relative between 2 ranks and
 # 1, exactly as much as between micro-batch budgets of 32 and 64 tokens in one process: LM log-probs
 # round differently in batches of other shapes, and the batch std divides that rounding)
@@ -87,7 +92,8 @@ def model_dir(tmp_path_factory):
 def two_ranks(tmp_path_factory, model_dir):
     """Every config trained on 2 ranks in one launch; in the last one rank 1 dies of SIGKILL at step 6."""
     root = tmp_path_factory.mktemp("ddp")
-    cfgs = [toy(*g) for g in TOY_GRID] + [lm(model_dir, r) for r in LM_RECIPES]
+    cfgs = [toy(*g) for g in TOY_GRID] + [lm(model_dir, r) for r in LM_RECIPES] + \
+        [toy("none", "none", "token_mean", preset="ppo"), lm(model_dir, dict(preset="ppo", format_weight=0.5, kl_coef=0.0))]
     jobs = [(cfg, str(root / f"run{i}")) for i, cfg in enumerate(cfgs)] + [(killed_job(), str(root / "killed"))]
     with pytest.MonkeyPatch.context() as monkeypatch:
         sigkill_rank1_at_step(monkeypatch, jobs[-1][1], 6)
@@ -135,6 +141,26 @@ def test_two_ranks_give_the_one_process_run(two_ranks, tmp_path, i):
     cfg, two = jobs[i]
     assert train(cfg, str(tmp_path), progress=False) == "completed"
     assert_same_run(tmp_path, Path(two))
+
+
+@pytest.mark.parametrize("case", PPO_CASES)
+def test_ppo_critic_split_across_two_ranks_gives_the_one_process_critic(two_ranks, tmp_path, case):
+    jobs, _ = two_ranks
+    cfg, two = jobs[len(TOY_GRID) + len(LM_RECIPES) + PPO_CASES.index(case)]
+    assert cfg.recipe.adv_whiten == "gae"
+    assert train(cfg, str(tmp_path), progress=False) == "completed"
+    assert_same_run(tmp_path, Path(two))  # samples, evals, metrics (critic/*, train/adv_*), policy weights
+    assert all("critic/value_mean" in row and "critic/value_loss" in row for row in RunStore(two).read("metrics"))
+    # the value model's final weights (toy: tables v0, v1; LM: trunk and head), which started at V = 0
+    c1, c2 = (flat(RunStore(d).load_checkpoint()["critic"]["weights"]) for d in (tmp_path, two))
+    assert c1.keys() == c2.keys() and float(c1["v0" if case == "toy" else "head.bias"].abs().max()) > 0
+    for k in c1:
+        assert_params_close(c2[k], c1[k])
+
+
+def flat(state: dict, prefix: str = "") -> dict:
+    return {k2: v2 for k, v in state.items()
+            for k2, v2 in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
 
 
 def test_a_killed_rank_fails_the_run_and_the_rerun_resumes_it(two_ranks, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import submitit
+import torch
 import yaml
 
 from ablate.experiments.launch import export_rank_env, load_profile, ranks
@@ -158,3 +159,76 @@ def test_warning_seen_by_one_rank_is_acted_on_by_every_rank_at_the_same_step(tmp
                                      ("dev", 1), ("gpu-example", 1)])
 def test_shipped_profiles_give_their_ranks(name, n):
     assert ranks(load_profile(ROOT / "slurm" / "profiles" / f"{name}.yaml")) == n
+
+
+def toy_sweep(tmp_path, more: dict | None = None, **executor):
+    from ablate.experiments.sweep import parse_spec
+
+    overrides = {"steps": 3, "prompts_per_step": 5, "recipe.group_size": 3, "eval.every": 2, "eval.n_samples": 3,
+                 "eval.ks": [1, 3], "tracking.wandb.mode": "disabled", "compute.threads": 1, **(more or {})}
+    return parse_spec({"name": "toy2", "base": {"config": str(ROOT / "configs" / "toy.yaml"), "overrides": overrides},
+                       "executor": executor, "out": str(tmp_path / "runs")},
+                      "toy2.yaml", Path("."))
+
+
+def test_local_sweep_with_two_tasks_per_run_gives_the_one_process_runs(tmp_path, monkeypatch):
+    """`executor.tasks_per_node: 2`: each run of a local sweep is one 2-task submitit job, 2 gloo ranks."""
+    import math
+
+    from ablate.experiments.launch import launch, sweep_status
+    from ablate.experiments.sweep import expand
+    from ablate.runs.store import RunStore
+    from ablate.train.trainer import train
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    sweep = toy_sweep(tmp_path, tasks_per_node=2)  # one run (each fresh process imports torch: seconds)
+    runs = expand(sweep)
+    assert len(launch(sweep, runs, poll_s=0.2)["submitted"]) == 1
+    assert {r["state"] for r in sweep_status(sweep.out)} == {"completed"}
+    for run in runs:
+        one, two = RunStore(tmp_path / "one" / run.run_id), RunStore(sweep.out / run.run_id)
+        assert train(run.config, str(one.root), progress=False) == "completed"
+        assert two.provenance()["world_size"] == 2 and one.provenance()["world_size"] == 1
+        for log in ("samples", "evals", "metrics"):
+            rows1, rows2 = one.read(log), two.read(log)
+            assert len(rows1) == len(rows2) > 0 and [r.keys() for r in rows1] == [r.keys() for r in rows2]
+            for r1, r2 in zip(rows1, rows2):
+                for k in r1:
+                    if not k.startswith("perf/"):
+                        a, b = r1[k], r2[k]
+                        assert (a == b or isinstance(a, float) and math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
+                                or a != a and b != b), (log, k, a, b)
+        w1, w2 = one.load_checkpoint()["model"], two.load_checkpoint()["model"]
+        assert all(torch.allclose(w1[k], w2[k], rtol=1e-5, atol=1e-7) for k in w1)
+
+
+@pytest.mark.parametrize("executor, words", [
+    ({"tasks_per_node": 0}, ["executor.tasks_per_node", "0 is not allowed", ">= 1"]),
+    ({"tasks_per_node": "two"}, ["executor.tasks_per_node", "wrong type"]),
+    ({"tasks_per_node": 2, "name": "slurm"}, ["executor.tasks_per_node: 2", "local executor only", "profile"]),
+    ({"tasks_per_node": 2, "name": "debug"}, ["executor.tasks_per_node: 2", "local executor only", "one process"]),
+])
+def test_bad_local_tasks_per_node_names_the_spec_key_and_allowed_values(tmp_path, executor, words):
+    from ablate.experiments.launch import launch
+    from ablate.experiments.sweep import expand
+
+    with pytest.raises(SpecError) as err:
+        sweep = toy_sweep(tmp_path, **executor)
+        launch(sweep, expand(sweep))
+    assert "toy2.yaml" in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+    assert not (tmp_path / "runs").exists()  # nothing submitted, nothing written
+
+
+def test_local_tasks_per_node_beyond_the_gpus_of_this_machine_is_refused_for_cuda_runs(tmp_path):
+    from ablate.experiments.launch import local_ranks
+    from ablate.experiments.sweep import expand
+
+    sweep = toy_sweep(tmp_path, tasks_per_node=2)
+    runs = expand(sweep)  # device: auto, i.e. CUDA on a machine with GPUs
+    with pytest.raises(SpecError) as err:
+        local_ranks(sweep, "local", sweep.executor, runs, gpus=1)
+    assert all(w in str(err.value) for w in ("toy2.yaml", "executor.tasks_per_node: 2", "1 GPU(s)", "at most 1"))
+    assert local_ranks(sweep, "local", sweep.executor, runs, gpus=2) == 2
+    assert local_ranks(sweep, "local", sweep.executor, runs, gpus=0) == 2  # a CPU machine: gloo ranks
+    cpu = toy_sweep(tmp_path, {"device": "cpu"}, tasks_per_node=2)  # CPU runs on a GPU machine: gloo ranks
+    assert local_ranks(cpu, "local", cpu.executor, expand(cpu), gpus=1) == 2

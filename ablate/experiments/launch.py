@@ -421,6 +421,8 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     Returns {"submitted": [...], "skipped": [...], "active": [...]} run ids."""
     out = sweep.out
     name = executor or sweep.executor.get("name", "local")
+    settings = {**sweep.executor, **({"max_parallel": max_parallel} if max_parallel else {})}
+    local_ranks(sweep, name, settings, runs)  # executor.tasks_per_node: the local executor's alone
     params = load_profile(profile or sweep.slurm_profile) if name == "slurm" and (profile or sweep.slurm_profile) else {}
     if name != "slurm" and profile:
         load_profile(profile)  # still refuse a missing/bad profile
@@ -438,7 +440,6 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     if not todo:
         return result
     folder = out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    settings = {**sweep.executor, **({"max_parallel": max_parallel} if max_parallel else {})}
     if name == "slurm":
         where = f"{profile or sweep.slurm_profile}" if (profile or sweep.slurm_profile) else sweep.source
         _submit_slurm(sweep, todo, m, folder, settings, params, where)
@@ -447,6 +448,29 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     else:
         _run_local(out, todo, m, folder, settings, view or _NoView, poll_s)
     return result
+
+
+def local_ranks(sweep: Sweep, executor: str, settings: dict, runs: list[RunSpec] = (),
+                gpus: int | None = None) -> int:
+    """The ranks of each run under the local executor: `executor.tasks_per_node` (default 1), started as
+    the tasks of one submitit job on this machine (each task one rank, as `ablate train --nproc N`'s).
+    SpecError when it is set for another executor (on SLURM the run's shape is the profile's `nodes`,
+    `gpus`, `tasks_per_node`; the debug executor runs in this one process), or when a run would train on
+    CUDA with more ranks than the `gpus` visible here (default: torch's count; nccl needs one per rank)."""
+    tasks = settings.get("tasks_per_node", 1)
+    if tasks > 1 and executor != "local":
+        where = "the profile's nodes, gpus and tasks_per_node" if executor == "slurm" else "one process"
+        raise SpecError(f"{sweep.source}: executor.tasks_per_node: {tasks} applies to the local executor only "
+                        f"(this launch uses {executor!r}: {where}); remove it or run with --executor local")
+    if tasks > 1 and runs:
+        import torch
+
+        gpus = torch.cuda.device_count() if gpus is None else gpus
+        if gpus and tasks > gpus and any(r.config.device in ("auto", "cuda") for r in runs):
+            raise SpecError(f"{sweep.source}: executor.tasks_per_node: {tasks} ranks per run, but this machine has "
+                            f"{gpus} GPU(s) and each rank of a CUDA run drives its own; use at most {gpus}, or "
+                            f"device: cpu (gloo) for more")
+    return tasks
 
 
 def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, settings: dict, params: dict,
@@ -507,11 +531,13 @@ def _run_local(out: Path, todo: list[RunSpec], m: dict, folder: Path, settings: 
     Ctrl-C cancels the active runs; `ablate sweep cancel` from elsewhere stops the rest."""
     from ablate.config import to_dict
 
-    max_parallel = settings.get("max_parallel") or cpu_count()
-    threads = max(1, cpu_count() // max_parallel)
+    tasks = settings.get("tasks_per_node", 1)  # ranks per run: the tasks of its job (export_rank_env)
+    max_parallel = settings.get("max_parallel") or max(1, cpu_count() // tasks)  # runs at a time
+    threads = max(1, cpu_count() // (max_parallel * tasks))  # per rank
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(timeout_min=settings.get("timeout_min", 7 * 24 * 60),
-                         signal_delay_s=settings.get("signal_delay_s", 30))
+                         signal_delay_s=settings.get("signal_delay_s", 30),
+                         **({"tasks_per_node": tasks} if tasks > 1 else {}))
     pending, active, started = list(todo), {}, time.time()
     _importable()
     os.environ[LAUNCHER] = f"{os.getpid()}:{_started(os.getpid())}"  # workers stop when this process is gone
@@ -544,7 +570,7 @@ def _settle(run_dir: Path, job) -> None:
     """A finished local job that left no result and a `running` store was killed: say so in the store."""
     store = RunStore(run_dir)
     st = store.status() or {}
-    if not job.paths.result_pickle.exists() and st.get("state") in (None, "running"):
+    if not job.task(0).paths.result_pickle.exists() and st.get("state") in (None, "running"):  # rank 0's
         run_dir.mkdir(parents=True, exist_ok=True)
         store.set_status("failed", st.get("step", 0), f"worker process ended without a result (killed, e.g. "
                          f"kill -9 or out of memory); job {job.job_id}, logs in {job.paths.folder}")

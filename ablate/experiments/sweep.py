@@ -27,7 +27,8 @@ from ablate.runs.tracking import run_name
 TOP_KEYS = ("name", "description", "base", "grid", "zip", "arms", "seeds", "exclude", "include",
             "executor", "slurm_profile", "out")
 BASE_KEYS = ("config", "preset", "overrides")
-EXECUTOR_KEYS = {"name": str, "max_parallel": int, "timeout_min": (int, float), "signal_delay_s": int}
+EXECUTOR_KEYS = {"name": str, "max_parallel": int, "timeout_min": (int, float), "signal_delay_s": int,
+                 "tasks_per_node": int}
 EXECUTORS = ("local", "slurm", "debug")
 
 
@@ -246,6 +247,8 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
              f"wrong type: {v!r}")
     need(executor.get("name", "local") in EXECUTORS, "executor.name", f"expected one of {', '.join(EXECUTORS)}")
     need(executor.get("max_parallel", 1) >= 1, "executor.max_parallel", "must be >= 1")
+    need(executor.get("tasks_per_node", 1) >= 1, "executor.tasks_per_node",
+         f"{executor.get('tasks_per_node')} is not allowed; expected an integer >= 1 (ranks per run)")
     profile = None
     if raw.get("slurm_profile"):
         profile = root / raw["slurm_profile"]

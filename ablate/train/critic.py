@@ -33,7 +33,7 @@ from ablate.rl.advantages import gae, outcome_token_rewards, whiten
 from ablate.rl.sampling import Rollout
 from ablate.rl.stats import masked_mean
 from ablate.rl.values import explained_variance, value_loss
-from ablate.train import execution
+from ablate.train import distributed, execution
 from ablate.train.models import load_weights, trained_weights
 from ablate.train.recipes import step_generator
 
@@ -101,13 +101,15 @@ class Critic:
 
     @torch.no_grad()
     def values(self, rollout: Rollout, budget: int, chunk: int = 256) -> Tensor:
-        """V_old [N, T] of the whole rollout, no grad, in micro-batches (as the old log-probs)."""
+        """V_old [N, T] of the whole rollout, no grad, in micro-batches (as the old log-probs): each rank
+        scores its share of the rows, all ranks get all of them."""
         N, T = rollout.completion_ids.shape
-        out = torch.zeros(N, T, dtype=torch.float64, device=rollout.completion_ids.device)
-        for idx, sub in execution.micro_batches(rollout, torch.arange(N), budget, max_rows=chunk):
+        rows = torch.arange(N)[distributed.split(N)]
+        out = torch.zeros(len(rows), T, dtype=torch.float64, device=rollout.completion_ids.device)
+        for idx, sub in execution.micro_batches(rollout, rows, budget, max_rows=chunk) if len(rows) else ():
             v = self.model(sub)
-            out[idx.to(out.device), :v.shape[1]] = v.double()
-        return out
+            out[(idx - rows[0]).to(out.device), :v.shape[1]] = v.double()
+        return distributed.gather_rows(out)
 
     def step(self, rollout: Rollout, task_rewards: Tensor, kl_tok: Tensor | None, kl_coef: float,
              mask: Tensor, cfg: RunConfig, step: int) -> tuple[Tensor, dict[str, float]]:
@@ -127,7 +129,9 @@ class Critic:
     def fit(self, rollout: Rollout, old: Tensor, returns: Tensor, mask: Tensor, cfg: RunConfig,
             step: int) -> dict[str, float]:
         """update_epochs x minibatches optimiser steps on the clipped value loss (token mean over each
-        minibatch), accumulated over micro-batches exactly as the policy's update is."""
+        minibatch), accumulated over micro-batches exactly as the policy's update is; with several ranks
+        split as it is too: each rank back-propagates its share of every minibatch's rows, weighted
+        against the whole minibatch's tokens, and the ranks' gradients are summed before clipping."""
         r, N = cfg.recipe, len(rollout)
         gen = step_generator(cfg.seed, step)  # the critic's own minibatch order: the global RNG is untouched
         logs: dict[str, list[float]] = {}
@@ -135,7 +139,9 @@ class Critic:
             for idx in torch.randperm(N, generator=gen).split(math.ceil(N / r.minibatches)):
                 self.optimizer.zero_grad(set_to_none=True)
                 whole, parts = mask[idx], []
-                for mb, sub in execution.micro_batches(rollout, idx, cfg.compute.micro_batch_tokens):
+                mine = idx[distributed.split(len(idx))]  # this rank's rows (all of them at world size 1)
+                micro = execution.micro_batches(rollout, mine, cfg.compute.micro_batch_tokens) if len(mine) else ()
+                for mb, sub in micro:
                     v = self.model(sub)  # [n, t]
                     t = v.shape[1]
                     mb = mb.to(mask.device)
@@ -144,9 +150,11 @@ class Critic:
                     (r.vf_coef * loss * w).backward()
                     w_tok = mask[mb, :t].sum() / whole.sum().clamp(min=1)
                     parts.append((w, w_tok, {"value_loss": loss, **stats}))
+                distributed.sum_gradients(self.params)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip or float("inf"))
                 self.optimizer.step()
-                row = {**execution.combine_stats(parts, ("value_loss",)), "grad_norm": grad_norm}
+                row = {**distributed.reduce_stats(execution.combine_stats(parts, ("value_loss",))),
+                       "grad_norm": grad_norm}
                 for k, v in row.items():
                     logs.setdefault(k, []).append(float(v))
         return {f"critic/{k}": sum(v) / len(v) for k, v in logs.items()}

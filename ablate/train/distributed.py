@@ -16,14 +16,18 @@ indexed by the global row (`ablate.rl.sampling.RowNoise`), so the samples do not
 
 Rank 0 alone writes the run folder and the W&B mirror; the other ranks get a `FollowerStore` that reads
 (the checkpoint to resume from) and writes nothing. Every collective has the timeout
-`compute.collective_timeout_s`: a rank that died makes the others fail after it, never hang.
+`compute.collective_timeout_s`: a rank that died makes the others fail after it, never hang. A rank
+that raises in its share of `map_shards` does not leave the others waiting: `raise_together` makes every
+rank raise the same error at once; a decision only rank 0 can take (pruning) is broadcast, `on_main`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ablate.rl.divergence import Diverged
 from ablate.runs.store import RunStore
 
 # --- the process group ---------------------------------------------------------------------------------
@@ -68,47 +73,147 @@ def split(n: int) -> slice:
 # --- collectives (each the identity at world size 1) ---------------------------------------------------
 
 
-def to_device(obj: Any, device) -> Any:
-    """`obj` with every tensor inside (tuples, lists, dicts, dataclasses) moved to `device`."""
-    if isinstance(obj, Tensor):
-        return obj.to(device)
+def map_tensors(obj: Any, fn: Callable[[Any], Any], kind: type = Tensor) -> Any:
+    """`obj` with every `kind` inside (tuples, lists, dicts, dataclasses) replaced by `fn(it)`, visited in
+    a fixed order (the same for two objects of the same structure)."""
+    if isinstance(obj, kind):
+        return fn(obj)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(to_device(x, device) for x in obj)
+        return type(obj)(map_tensors(x, fn, kind) for x in obj)
     if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
+        return {k: map_tensors(v, fn, kind) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: to_device(getattr(obj, f.name), device)
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn, kind)
                                            for f in dataclasses.fields(obj) if f.init})
     return obj
 
 
+def to_device(obj: Any, device) -> Any:
+    """`obj` with every tensor inside (tuples, lists, dicts, dataclasses) moved to `device`."""
+    return map_tensors(obj, lambda t: t.to(device))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """A tensor's place in the pickled part of `gather_objects`: what its bytes become again."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    device: str  # "cpu" or "cuda": which backend carries it
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _device(kind: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+
 def gather_objects(obj: Any) -> list:
-    """Every rank's `obj`, in rank order (tensors come back on the CPU); [obj] at world size 1."""
+    """Every rank's `obj`, in rank order; [obj] at world size 1. The tensors inside (tuples, lists, dicts,
+    dataclasses) travel through tensor collectives: per device type, a rank's tensors as one byte buffer,
+    right-padded to the longest rank's and all-gathered once (gloo for CPU, nccl for CUDA), then cut at
+    the shapes and dtypes that travel with the rest (texts, numbers: pickled, `all_gather_object`). Each
+    tensor comes back bit for bit, on its device type (the current GPU for CUDA ones)."""
     if world() == 1:
         return [obj]
-    out: list = [None] * world()
-    dist.all_gather_object(out, to_device(obj, "cpu"))
-    return out
+    mine: list[Tensor] = []
+    skeleton = map_tensors(obj, lambda t: mine.append(t) or _Slot(t.dtype, tuple(t.shape), t.device.type))
+    skeletons: list = [None] * world()
+    dist.all_gather_object(skeletons, skeleton)
+    slots: list[list[_Slot]] = [[] for _ in skeletons]  # per rank, in visiting order
+    for r, sk in enumerate(skeletons):
+        map_tensors(sk, slots[r].append, _Slot)
+    tensors: list[list[Tensor]] = [[None] * len(s) for s in slots]  # type: ignore[list-item]
+    for kind in sorted({s.device for rank_slots in slots for s in rank_slots}):
+        local = [t.detach().contiguous().view(-1).view(torch.uint8) for t in mine if t.device.type == kind]
+        buf = torch.cat(local) if local else torch.zeros(0, dtype=torch.uint8, device=_device(kind))
+        sizes = [sum(s.nbytes for s in rank_slots if s.device == kind) for rank_slots in slots]
+        for r, part in enumerate(_all_gather_padded(buf.to(_device(kind)), sizes)):
+            at = 0
+            for i, s in enumerate(slots[r]):
+                if s.device == kind:  # clone: a view as another dtype needs an aligned start
+                    tensors[r][i] = part[at:at + s.nbytes].clone().view(s.dtype).view(s.shape)
+                    at += s.nbytes
+    return [map_tensors(sk, lambda _, it=iter(ts): next(it), _Slot) for sk, ts in zip(skeletons, tensors)]
+
+
+def _all_gather_padded(x: Tensor, sizes: list[int]) -> list[Tensor]:
+    """Every rank's `x` [sizes[rank], ...] (the same trailing shape, dtype and device type on every rank),
+    in rank order: one all_gather of the tensors right-padded along dim 0 to the longest."""
+    if max(sizes) == 0:
+        return [x.new_zeros((0, *x.shape[1:])) for _ in sizes]
+    padded = x.new_zeros((max(sizes), *x.shape[1:]))
+    padded[:len(x)] = x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return [p[:n] for p, n in zip(parts, sizes)]
 
 
 def map_shards(n: int, fn: Callable[[slice], Any]) -> list:
     """`fn(part)` on this rank's share `part` of range(n), the results of all ranks gathered in rank
-    order; a rank with an empty share contributes nothing. At world size 1: [fn(slice(0, n))]."""
+    order; a rank with an empty share contributes nothing. At world size 1: [fn(slice(0, n))].
+    An exception in `fn` on any rank is raised on every rank (`raise_together`), before the gather."""
     part = split(n)
-    mine = fn(part) if part.stop > part.start else None
+    if world() == 1:
+        return [fn(part)] if part.stop > part.start else []
+    mine, failure = None, None
+    try:
+        mine = fn(part) if part.stop > part.start else None
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it, or they wait in the gather
+        failure = err
+    raise_together(failure)
     return [x for x in gather_objects(mine) if x is not None]
+
+
+def raise_together(err: Exception | None) -> None:
+    """Agree on a failure of the ranks' local work: each rank passes its exception (None when it
+    succeeded); one all-reduce (MAX) of a 0/1 flag; when some rank failed, the failures are gathered and
+    every rank raises the same exception, for the lowest failing rank: `Diverged` with its message when
+    it diverged (the run ends `diverged` at once, everywhere), else a RuntimeError naming the rank, its
+    error and its traceback (the run ends `failed`, that traceback in status.json). Nothing is sent
+    when no rank failed but the flag. One process: `err` itself is raised."""
+    if world() == 1:
+        if err is not None:
+            raise err
+        return
+    flag = torch.tensor([int(err is not None)], dtype=torch.int32)  # CPU: gloo also under nccl
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        return
+    mine = None if err is None else (isinstance(err, Diverged), type(err).__name__, str(err),
+                                     "".join(traceback.format_exception(err)))
+    r, (diverged, kind, message, trace) = next((r, f) for r, f in enumerate(gather_objects(mine)) if f)
+    if diverged:
+        raise Diverged(f"{message} (on rank {r} of {world()})") from err
+    raise RuntimeError(f"rank {r} of {world()} failed: {kind}: {message}\n{trace}") from err
+
+
+def on_main(fn: Callable[[], Any]) -> Any:
+    """`fn()` computed by rank 0 alone and broadcast (pickled) to every rank: a decision only rank 0 can
+    take, e.g. Optuna's `should_prune`, whose trial lives there. An exception in it is raised on every
+    rank (`raise_together`). At world size 1: fn()."""
+    if world() == 1:
+        return fn()
+    out, failure = [None], None
+    if is_main():
+        try:
+            out[0] = fn()
+        except Exception as err:  # noqa: BLE001 - the other ranks wait for the answer
+            failure = err
+    raise_together(failure)
+    dist.broadcast_object_list(out, src=0)
+    return out[0]
 
 
 def gather_rows(x: Tensor) -> Tensor:
     """The ranks' [n_r, ...] tensors (same trailing shape and dtype) stacked in rank order, [sum n_r, ...]."""
     if world() == 1:
         return x
-    sizes = gather_objects(len(x))
-    padded = x.new_zeros((max(sizes), *x.shape[1:]))
-    padded[:len(x)] = x
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes)])
+    n = torch.tensor([len(x)], device=x.device)
+    sizes = [int(k) for k in torch.cat(_all_gather_padded(n, [1] * world()))]
+    return torch.cat(_all_gather_padded(x, sizes))
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:
@@ -177,32 +282,42 @@ def open_store(root: str) -> RunStore:
 # --- launching N local ranks ---------------------------------------------------------------------------
 
 
-def _worker(jobs: list[tuple[Any, str]]) -> list[str]:
+def _worker(jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None) -> list[str]:
     """One rank: train each (config, run folder) in turn, in one process group; returns their states."""
     from ablate.train.trainer import train
 
     try:
-        return [train(cfg, out, progress=False) for cfg, out in jobs]
+        return [train(cfg, out, progress=False, should_prune=should_prune) for cfg, out in jobs]
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def launch(nproc: int, jobs: list[tuple[Any, str]]) -> list[str]:
-    """Train `jobs` [(RunConfig, run folder)] with `nproc` ranks on this machine, started by torch's
-    elastic launcher (torchrun's machinery: a c10d rendezvous on a free local port, no restarts); returns
-    rank 0's final states. A rank that fails stops the others and raises `ChildFailedError`; the run then
-    ends `failed` in status.json with the error (rank 0 writes its own traceback when it is the one)."""
+def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any) -> dict[int, Any]:
+    """`fn(*args)` in `nproc` processes on this machine, started by torch's elastic launcher (torchrun's
+    machinery: a c10d rendezvous on a free local port, torchrun's environment, no restarts); returns each
+    rank's result by rank. `fn` joins the process group itself (`init_from_env`). A rank that fails stops
+    the others and raises `ChildFailedError`."""
     import uuid
 
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"ablate-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.2, start_method="spawn" if torch.cuda.is_initialized() else "fork")
+    return elastic_launch(config, fn)(*args)
+
+
+def launch(nproc: int, jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None
+           ) -> list[str]:
+    """Train `jobs` [(RunConfig, run folder)] with `nproc` ranks on this machine (`run_ranks`); returns
+    rank 0's final states. `should_prune` as for `train` (rank 0's answer counts). A rank that fails stops
+    the others and raises `ChildFailedError`; the run then ends `failed` in status.json with the error
+    (rank 0 writes its own traceback when it is the one)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
-        return elastic_launch(config, _worker)(jobs)[0]
+        return run_ranks(nproc, _worker, jobs, should_prune)[0]
     except ChildFailedError as err:
         for _, out in jobs:  # in order: the first one not finished is the one that was training
             store = RunStore(out)

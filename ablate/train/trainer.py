@@ -652,7 +652,9 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     samples += train_samples(task, batch, rewards, adv_row, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)), problems)
                     since_eval = []
-                    if should_prune is not None and step < cfg.steps and should_prune(step, ev):
+                    # several ranks: rank 0 asks (Optuna's trial lives there), every rank stops with it
+                    if step < cfg.steps and distributed.on_main(lambda: should_prune is not None
+                                                                and should_prune(step, ev)):
                         store.set_status("pruned", step)
                         return "pruned"
                 store.set_status("running", step)
