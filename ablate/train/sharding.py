@@ -51,10 +51,15 @@ def _probe(model: nn.Module) -> torch.Tensor:
     return model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device)).logits
 
 
-def _gather(model: nn.Module) -> None:
-    """All-gather the working copy of every group from the (possibly updated) shards; every rank calls it."""
+def _reshard(model: nn.Module) -> None:
+    """Free the working copy: the module's parameters are the shards again (no collective)."""
     for m in _fsdp_modules(model):
         m.reshard()
+
+
+def _gather(model: nn.Module) -> None:
+    """All-gather the working copy of every group from the (possibly updated) shards; every rank calls it."""
+    _reshard(model)
     for m in _fsdp_modules(model):
         m.unshard()
     model.set_reshard_after_backward(False)
@@ -79,8 +84,7 @@ def prepare(policy, cfg: RunConfig, make_optimizer):
         _probe(model)  # the root runs first: FSDP makes it the root
     model.set_reshard_after_forward(False)
     model.set_requires_gradient_sync(False)  # micro-batches accumulate; `reduce_gradients` reduces
-    for m in _fsdp_modules(model):
-        m.reshard()  # the module's parameters are the shards while the optimizer is built
+    _reshard(model)  # the module's parameters are the shards while the optimizer is built
     optimizer, scheduler = make_optimizer(model, cfg)
     optimizer.register_step_post_hook(lambda *_: _gather(model))
     _gather(model)
@@ -107,6 +111,12 @@ def _options():
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+def _names(module: nn.Module, optimizer) -> list[str]:
+    """The optimizer's parameters by name, in its order (the module resharded: it holds the same shards)."""
+    name = {id(p): n for n, p in module.named_parameters()}
+    return [name[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
 def checkpoint_state(module: nn.Module, optimizer) -> dict:
     """The checkpoint's "model" and "optimizer" entries: under fsdp gathered (every rank takes part) onto
     rank 0's CPU in the one-process format (plain tensors; optimizer state keyed by parameter index); the
@@ -115,13 +125,13 @@ def checkpoint_state(module: nn.Module, optimizer) -> dict:
         return {"model": trained_weights(module), "optimizer": optimizer.state_dict()}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    _reshard(module)
+    index = {n: i for i, n in enumerate(_names(module, optimizer))}
     model = get_model_state_dict(module, options=_options())
     optim = get_optimizer_state_dict(module, optimizer, options=_options())
     _gather(module)
     if not distributed.is_main():  # gathered on rank 0 only (cpu_offload), which alone writes
         return {"model": {}, "optimizer": {}}
-    names = [n for g in optim["param_groups"] for n in g["params"]]
-    index = {n: i for i, n in enumerate(names)}
     return {"model": model,
             "optimizer": {"state": {index[n]: s for n, s in optim["state"].items()},
                           "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
@@ -129,23 +139,26 @@ def checkpoint_state(module: nn.Module, optimizer) -> dict:
 
 
 def load_checkpoint_state(module: nn.Module, optimizer, ckpt: dict) -> None:
-    """Restore `checkpoint_state`'s entries (written at any world size, ddp or fsdp)."""
+    """Restore `checkpoint_state`'s entries (written at any world size, ddp or fsdp). Under fsdp each rank
+    keeps its shards of the full tensors; no collective but the final gather."""
     if not is_sharded(module):
         load_weights(module, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         return
-    from torch.distributed.checkpoint.state_dict import (
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    from torch.distributed.tensor import distribute_tensor
 
+    _reshard(module)  # loaded into the shards
     set_model_state_dict(module, ckpt["model"], options=_options())
-    # the parameter names in the optimizer's order, as torch.distributed.checkpoint spells them
-    names = [n for g in get_optimizer_state_dict(module, optimizer)["param_groups"] for n in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def shard(value, p):  # a parameter-shaped state tensor (AdamW's moments) -> this rank's shard of it
+        if torch.is_tensor(value) and value.shape == p.shape:
+            return distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+        return value
+
     saved = ckpt["optimizer"]
-    set_optimizer_state_dict(module, optimizer, {
-        "state": {names[i]: s for i, s in saved["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]},
-        options=_options())
+    optimizer.load_state_dict({"state": {i: {k: shard(v, params[i]) for k, v in s.items()}
+                                         for i, s in saved["state"].items()},
+                               "param_groups": saved["param_groups"]})
     _gather(module)
