@@ -558,7 +558,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             **critic_state(critic)},
             run_id(cfg))
 
-    with bar, preemption.guard(save_checkpoint):
+    with bar, preemption.guard(save_checkpoint, collective=sharding.is_sharded(policy.module)):
         while step < cfg.steps:
             with preemption.step():  # a SLURM warning signal waits for the step to end
                 step += 1
