@@ -62,7 +62,6 @@ def _gather(model: nn.Module) -> None:
     _reshard(model)
     for m in _fsdp_modules(model):
         m.unshard()
-    model.set_reshard_after_backward(False)
 
 
 def prepare(policy, cfg: RunConfig, make_optimizer):
@@ -82,7 +81,10 @@ def prepare(policy, cfg: RunConfig, make_optimizer):
         m.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
     with torch.no_grad():
         _probe(model)  # the root runs first: FSDP makes it the root
+    # the working copy stays gathered through every pass: FSDP's own unshards (forward, backward prefetch)
+    # are then no-ops, so no pass has a collective whose count could differ between ranks
     model.set_reshard_after_forward(False)
+    model.set_reshard_after_backward(False)
     model.set_requires_gradient_sync(False)  # micro-batches accumulate; `reduce_gradients` reduces
     _reshard(model)  # the module's parameters are the shards while the optimizer is built
     optimizer, scheduler = make_optimizer(model, cfg)
@@ -99,10 +101,10 @@ def reduce_gradients(module: nn.Module, params: list[nn.Parameter]) -> list[nn.P
         distributed.sum_gradients(params)
         return params
     module.set_requires_gradient_sync(True)
-    module.set_reshard_after_backward(True)
     (_probe(module).sum() * 0).backward()  # adds exact zeros; every group reduce-scatters once
     module.set_requires_gradient_sync(False)
-    return [p for p in module.parameters() if p.requires_grad]  # resharded: the DTensor shards
+    _reshard(module)  # the optimizer step's post-hook gathers the updated weights again
+    return [p for p in module.parameters() if p.requires_grad]  # the DTensor shards, holding the gradients
 
 
 def _options():
