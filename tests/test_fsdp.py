@@ -18,16 +18,30 @@ from ablate.train.trainer import train
 
 
 def fsdp(cfg, **over):
+    """`cfg` with compute.parallel 'fsdp' and the sections of `over` merged in."""
     d = to_dict(cfg)
     d["compute"]["parallel"] = "fsdp"
-    return parse({**d, **over})
+    for k, v in over.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) else v
+    return parse(d)
 
 
 def chain_job(model_dir):
-    """6 steps, checkpoints every 2: one process until step 3 (checkpoint 2), then fsdp on 2 ranks until
-    rank 1 dies after step 5 (checkpoint 4, written under fsdp), then one process again to the end."""
-    return fsdp(lm(model_dir, LM_RECIPES[0]), steps=6, checkpoint_every=2,
+    """4 steps, a checkpoint after each: one process until step 2 (checkpoint 1), then fsdp on 2 ranks
+    until rank 1 dies in step 3 (checkpoint 2, written under fsdp), then one process again to the end."""
+    return fsdp(lm(model_dir, LM_RECIPES[0]), steps=4, checkpoint_every=1,
                 eval={"every": 0, "n_samples": 2, "ks": [1, 2]})
+
+
+def equal_jobs(model_dir):
+    """KL in the reward, 2 epochs x 2 minibatches, micro-batches (LM_RECIPES[1]); and one prompt with
+    3 minibatches of 1 row, so a rank has no rows to sample, score or back-propagate (it still takes part
+    in the reduce-scatter), under normalised SGD and gradient checkpointing."""
+    return [fsdp(lm(model_dir, LM_RECIPES[1])),
+            fsdp(lm(model_dir, LM_RECIPES[0]), prompts_per_step=1, steps=2,
+                 recipe={"group_size": 3, "minibatches": 3},
+                 optim={"optimizer": "normalized_sgd", "lr": 0.01},
+                 compute={"micro_batch_tokens": 0, "gradient_checkpointing": True})]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +49,9 @@ def fsdp_runs(tmp_path_factory, tiny_model_dir):
     from conftest import crash_training_at
 
     root = tmp_path_factory.mktemp("fsdp")
-    equal, chain = fsdp(lm(tiny_model_dir, LM_RECIPES[1])), chain_job(tiny_model_dir)
-    jobs = [(equal, str(root / "equal")), (chain, str(root / "chain"))]
+    chain = chain_job(tiny_model_dir)
+    jobs = [(cfg, str(root / f"equal{i}")) for i, cfg in enumerate(equal_jobs(tiny_model_dir))] + \
+        [(chain, str(root / "chain"))]
     shards = root / "shards"
     shards.mkdir()
     real = sharding.prepare
@@ -50,22 +65,23 @@ def fsdp_runs(tmp_path_factory, tiny_model_dir):
         return optimizer, scheduler
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        crash_training_at(monkeypatch, chain, jobs[1][1], 3)  # one process: checkpoint 2, dies in step 3
+        crash_training_at(monkeypatch, chain, jobs[-1][1], 2)  # one process: checkpoint 1, dies in step 2
         monkeypatch.setattr(sharding, "prepare", prepare)
-        sigkill_rank1_at_step(monkeypatch, jobs[1][1], 5)
+        sigkill_rank1_at_step(monkeypatch, jobs[-1][1], 3)
         with pytest.raises(ChildFailedError):
             distributed.launch(2, jobs)
     return jobs, [json.loads(line) for p in shards.iterdir() for line in p.read_text().splitlines()]
 
 
-def test_fsdp_on_two_ranks_gives_the_one_process_run(fsdp_runs, tmp_path):
+@pytest.mark.parametrize("i", [0, 1])
+def test_fsdp_on_two_ranks_gives_the_one_process_run(fsdp_runs, tmp_path, i):
     jobs, shards = fsdp_runs
-    cfg, two = jobs[0]
+    cfg, two = jobs[i]
     assert train(cfg, str(tmp_path), progress=False) == "completed"  # world size 1: no sharding
     assert_same_run(tmp_path, Path(two))
     assert RunStore(two).read_config()["compute"]["parallel"] == "fsdp"
     # each rank's optimizer held half of every parameter (dim-0 shards), in both runs
-    assert sorted(s["rank"] for s in shards) == [0, 0, 1, 1]
+    assert sorted(s["rank"] for s in shards) == [0] * len(jobs) + [1] * len(jobs)
     for s in shards:
         assert s["local"] < 0.6 * s["full"]
     assert sum(s["local"] for s in shards) == sum(s["full"] for s in shards) / 2
@@ -73,13 +89,13 @@ def test_fsdp_on_two_ranks_gives_the_one_process_run(fsdp_runs, tmp_path):
 
 def test_fsdp_checkpoints_resume_across_world_sizes(fsdp_runs, tmp_path):
     jobs, _ = fsdp_runs
-    cfg, chain = jobs[1]
+    cfg, chain = jobs[-1]
     store = RunStore(chain)
-    assert store.status()["state"] == "failed" and store.status()["step"] in (5, 6)
+    assert store.status()["state"] == "failed" and store.status()["step"] in (3, 4)
     ckpt = store.load_checkpoint()  # torch.load(weights_only=True): plain tensors, the one-process format
-    assert ckpt["step"] == 4 and all(isinstance(k, int) for k in ckpt["optimizer"]["state"])
-    assert train(cfg, chain, progress=False) == "completed"  # one process, from fsdp's checkpoint 4
-    assert store.provenance()["resumed_from_steps"] == [2, 4]
+    assert ckpt["step"] == 2 and all(isinstance(k, int) for k in ckpt["optimizer"]["state"])
+    assert train(cfg, chain, progress=False) == "completed"  # one process, from fsdp's checkpoint 2
+    assert store.provenance()["resumed_from_steps"] == [1, 2]
     assert train(cfg, str(tmp_path), progress=False) == "completed"  # never interrupted
     one = RunStore(tmp_path)
     w1, w2 = one.load_checkpoint()["model"], store.load_checkpoint()["model"]
