@@ -268,7 +268,7 @@ class ComputeConfig:
     fp32_logits: bool = True  # under bf16 autocast (CUDA) the lm-head and log-softmax run in fp32
     threads: int = 0  # torch intra-op threads; 0 = torch's default (1 when deterministic)
     # how the ranks of a multi-process run (`ablate train --nproc N`, SLURM tasks) share the update: "ddp"
-    # replicates the model and sums gradients; "fsdp" (FSDP2 fully_shard) is not implemented yet
+    # replicates the model and sums gradients; "fsdp" shards weights, gradients and optimizer state (FSDP2)
     parallel: Parallel = "ddp"
     collective_timeout_s: int = 1800  # a collective that waits longer fails the run (a rank died or hangs)
 
@@ -618,8 +618,13 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
     check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
     check(0 < cfg.tracking.timeout_s < math.inf, "tracking.timeout_s must be > 0 seconds (and finite)")
-    check(cfg.compute.parallel == "ddp", "compute.parallel='fsdp' (FSDP2 fully_shard) is not implemented yet; "
-          "allowed values: 'ddp' (every rank holds the whole model and sums gradients)")
+    if cfg.compute.parallel == "fsdp":  # FSDP2 shards a transformer's decoder layers (ablate/train/sharding.py)
+        for ok, what in [(t.name != "toy_addition", "task.name='toy_addition' (a tabular policy)"),
+                         (cfg.model.lora is None, "model.lora (adapters)"),
+                         (r.adv_whiten != "gae", "recipe.adv_whiten='gae' (a critic)"),
+                         (r.ref_reset_every == 0, "recipe.ref_reset_every > 0 (reference resets)")]:
+            check(ok, f"compute.parallel='fsdp' does not support {what}; allowed values: 'ddp' (every rank "
+                  "holds the whole model), or 'fsdp' for full fine-tuning of a transformer")
     check(cfg.compute.collective_timeout_s >= 1, "compute.collective_timeout_s must be >= 1 (seconds)")
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")

@@ -4,8 +4,8 @@
 
 Each size trains the same config from scratch the way `ablate train CONFIG --nproc N` does (torch's
 elastic launcher, one process per rank, gloo on CPU; 1 rank: in this process), with every torch.distributed collective of each
-rank timed (all_reduce, all_gather, all_gather_object, barrier, broadcast; an async all-reduce until its
-wait() returns). From rank 0's metrics.jsonl, after the first (warm-up) step:
+rank timed (all_reduce, all_gather, all_gather_object, barrier, broadcast, and FSDP2's all-gathers and
+reduce-scatters under `--set compute.parallel=fsdp`; an async all-reduce until its wait() returns). From rank 0's metrics.jsonl, after the first (warm-up) step:
   - train tokens/s: completion tokens x update_epochs / update seconds (perf/train_tokens_per_s);
   - step tokens/s: completion tokens / whole-step seconds (generation, scoring, update: what a run feels);
   - collectives: each rank's seconds inside collectives / its wall time in the loop, the mean over ranks.
@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TIMED = ("all_reduce", "all_gather", "all_gather_object", "barrier", "broadcast", "broadcast_object_list")
+TIMED = ("all_reduce", "all_gather", "all_gather_object", "barrier", "broadcast", "broadcast_object_list",
+         "all_gather_single", "reduce_scatter_single")  # the last two: FSDP2's (compute.parallel=fsdp)
 
 
 class _TimedWork:
@@ -62,7 +63,8 @@ def _time_collectives(clock: list[float]) -> None:
         return wrapper
 
     for name in TIMED:
-        setattr(dist, name, timed(getattr(dist, name)))
+        if hasattr(dist, name):
+            setattr(dist, name, timed(getattr(dist, name)))
 
 
 def _rank(cfg_dict: dict, out: str) -> None:

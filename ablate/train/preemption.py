@@ -12,7 +12,9 @@ could see it a step before another. So each step boundary ends with a collective
 all_reduce MAX of this rank's "signal seen" flag (`agree`): when any rank saw it, every rank acts at that
 same boundary. Rank 0's handler (submitit's) checkpoints and requeues the job (the checkpoint is rank
 0's: data-parallel replicas are equal); every other rank leaves quietly, so none waits forever in the
-next step's collectives for a rank 0 that is gone. Without torch.distributed `agree` is the identity.
+next step's collectives for a rank 0 that is gone. Under compute.parallel='fsdp' the checkpoint is
+gathered from the ranks' shards, so there every rank runs the save first (`guard(..., collective=True)`)
+and rank 0 writes. Without torch.distributed `agree` is the identity.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _prev: Callable | None = None  # the handler before ours (submitit's), called at
 _pending: list[tuple] = []
 _in_step = False
 _saved = False
+_collective = False  # `save` needs every rank (a sharded model's state is gathered): all ranks call it
 
 
 def save_now() -> bool:
@@ -35,7 +38,8 @@ def save_now() -> bool:
     global _saved
     if _save is None:
         return False
-    _save()
+    if not (_collective and _saved):  # a collective save already ran on every rank at this boundary
+        _save()
     _saved = True
     return True
 
@@ -46,10 +50,12 @@ def checkpointed_for_requeue() -> bool:
 
 
 @contextmanager
-def guard(save: Callable[[], None]):
-    """Around the training loop: `save` writes a checkpoint of the state at the last step boundary."""
-    global _save, _saved, _prev
-    _saved = False
+def guard(save: Callable[[], None], collective: bool = False):
+    """Around the training loop: `save` writes a checkpoint of the state at the last step boundary.
+    `collective`: `save` takes every rank (compute.parallel='fsdp' gathers the sharded state), so at a
+    boundary every rank runs it before the handler (whose `save_now` then does not run it again)."""
+    global _save, _saved, _prev, _collective
+    _saved, _collective = False, collective
     prev = _prev = signal.getsignal(SIGNAL)
     active = callable(prev) and threading.current_thread() is threading.main_thread()
 
@@ -66,6 +72,7 @@ def guard(save: Callable[[], None]):
         yield
     finally:
         _save = _prev = None
+        _collective = False
         if active:
             signal.signal(SIGNAL, prev)
 
@@ -111,6 +118,8 @@ def _deliver() -> None:
     global _saved
     held = _pending[:] or [(SIGNAL, None)]
     _pending.clear()
+    if _collective and _world() > 1:
+        save_now()  # every rank takes part; rank 0 writes
     handler = _prev or signal.getsignal(SIGNAL)
     for signum, frame in held:
         if callable(handler):

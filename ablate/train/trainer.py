@@ -29,11 +29,10 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
-from ablate.train import distributed, execution, offpolicy, preemption, recipes
+from ablate.train import distributed, execution, offpolicy, preemption, recipes, sharding
 from ablate.train.critic import build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
-from ablate.train.models import load_weights, trained_weights
 from ablate.train.rollout import LMPolicy, RolloutEngine
 
 # --- set-up -----------------------------------------------------------------------------------------
@@ -331,7 +330,7 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                 parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
                                          "loss_entropy": entropy, **clip}))
                 scores.append((logp.detach(), old, ent_tok.detach()))
-            distributed.sum_gradients(params)  # several ranks: a NaN on one reaches every rank's grad norm
+            params = sharding.reduce_gradients(policy.module, params)  # ranks' sum; a NaN reaches every rank
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             check_finite("gradient norm", grad_norm)
             with overflow_is_divergence("optimizer step"):
@@ -519,7 +518,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     tokenizer = getattr(policy, "tokenizer", None)
     # the reference exists only when KL is on
     ref = execution.reference_policy(policy) if r.kl_coef > 0 else None
-    optimizer, scheduler = make_optimizer(policy.module, cfg)
+    optimizer, scheduler = sharding.prepare(policy, cfg, make_optimizer)  # compute.parallel='fsdp': sharded first
     # a policy with its own random stream (the chapter toy) draws its prompts and sampling noise from it
     stream = policy.prompt_stream(cfg) if hasattr(policy, "prompt_stream") else PromptSampler(len(train_set), cfg)
     kl_state = recipes.KLState(r.kl_coef)
@@ -529,8 +528,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     ckpt = store.load_checkpoint(run_id(cfg))
     critic = build_critic(cfg, policy, ckpt)  # PPO's value model (recipe.adv_whiten='gae'), else None
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
-        load_weights(policy.module, ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        sharding.load_checkpoint_state(policy.module, optimizer, ckpt)  # model and optimizer
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["rng"])
         if "kl_state" in ckpt:
@@ -556,7 +554,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
 
     def save_checkpoint() -> None:  # the state at the last step boundary
         store.save_checkpoint({
-            "model": trained_weights(policy.module), "optimizer": optimizer.state_dict(),
+            **sharding.checkpoint_state(policy.module, optimizer),  # model, optimizer (fsdp: gathered)
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "stream": stream.state_dict(),
             "step": step, "counters": counters, "wall": time.perf_counter() - start,
             "since_eval": since_eval, "config": to_dict(cfg), "pending": offpolicy.pending_state(pending),
@@ -564,7 +562,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             **critic_state(critic)},
             run_id(cfg))
 
-    with bar, preemption.guard(save_checkpoint):
+    with bar, preemption.guard(save_checkpoint, collective=sharding.is_sharded(policy.module)):
         while step < cfg.steps:
             with preemption.step():  # a SLURM warning signal waits for the step to end
                 step += 1
