@@ -56,6 +56,20 @@ def test_cli_and_run_store_readers_start_without_torch():
     assert res.returncode == 0, res.stderr
 
 
+def test_a_toy_run_never_imports_transformers(tmp_path):
+    """A toy run (and so each worker process of a toy sweep) starts seconds faster without transformers."""
+    import subprocess
+    import sys
+
+    toy = str(Path("configs/toy.yaml").resolve())
+    code = ("import sys; from ablate.config import load; from ablate.train.trainer import train; "
+            f"assert train(load({toy!r}, ['steps=2', 'eval.every=0', 'tracking.wandb.mode=disabled']), "
+            f"{str(tmp_path / 'run')!r}, progress=False) == 'completed'; "
+            "assert 'transformers' not in sys.modules, [m for m in sys.modules if 'transformers' in m][:3]")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
 def test_cli_help_conventions():
     """Usage lines name arguments as CONFIG / SPEC (not {config}), flags carry no `<bool>` placeholder,
     `--version` answers, and `ablate tune --help` shows the `ablate tune SPEC` shortcut."""

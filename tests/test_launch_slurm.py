@@ -189,7 +189,9 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
     # trainer's guard would requeue without a checkpoint), and the kill would follow 30 s later. The long
     # run needs 54-70 s of training (12-16 ms a toy step), so the warning finds it mid-run; checkpoint_every
     # 0: any checkpoint is the preemption's. A short second run makes the submission a real job array.
-    steps = 12000  # long enough that an idle machine (toy step ~5 ms) is still training at 48 s
+    # long enough that an idle machine (toy step ~5 ms; ~4 ms since tmp_path is on tmpfs, where the per-step
+    # status fsync is free) is still training at 48 s: 12000 steps were, on disk
+    steps = 15000
     spec = write_spec(tmp_path, "timeout", steps=steps, overrides={"checkpoint_every": 0}, grid={"steps": [steps, 3]})
     profile = write_profile(tmp_path, time=1, signal_delay_s=12)
     sweep = load_spec(spec)

@@ -203,14 +203,15 @@ class RunStore:
 
     def write_provenance(self, cfg: RunConfig, device: str, **extra) -> None:
         """provenance.json; `extra`: more facts of this start (e.g. the sampler, the world size)."""
+        from importlib.metadata import version  # not `import transformers`: a toy run never loads it
+
         import torch  # here and in the checkpoint methods only: reading a run store needs no torch
-        import transformers
 
         import ablate
 
         info = {
             "ablate": ablate.__version__, "git_sha": _git_sha(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
+            "transformers": version("transformers"), "python": platform.python_version(),
             "device": device, "host": socket.gethostname(), "seed": cfg.seed, "run_id": run_id(cfg),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -17,10 +17,15 @@ import string
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+# transformers is imported where it is used: a toy run (and every worker process starting one) never
+# loads it, which saves seconds of start-up per process
 
 from ablate.config import TaskConfig
 from ablate.tasks.arithmetic import build as build_task
@@ -35,6 +40,8 @@ RECIPE_VERSION = 1  # bump when the build code changes in a way the settings bel
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one token per character, BOS prepended, left padding."""
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(CHARS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")  # every char alone
@@ -48,12 +55,15 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path)
 
 
 def load_model(path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """The real loading path: a local folder or a hub id. Without transformers' weight-loading bar (a
     few milliseconds for a local model; the trainer has its own progress view)."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
@@ -129,6 +139,8 @@ class BuildSettings:
 
 
 def _new_model(s: BuildSettings, tok) -> LlamaForCausalLM:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=s.hidden, intermediate_size=s.intermediate,
         num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.heads,

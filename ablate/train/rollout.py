@@ -18,7 +18,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
 from ablate.rl.fused_head import logits_into
 from ablate.rl.sampling import DRAW_ELEMENTS, Rollout, RowNoise, draw
@@ -206,6 +205,8 @@ class LMPolicy:
         uniq, inv = torch.unique(rollout.prompt_ids, dim=0, return_inverse=True)
         first = torch.empty(len(uniq), dtype=torch.long, device=inv.device).scatter_(
             0, inv, torch.arange(len(inv), device=inv.device))  # one row holding each distinct prompt
+        from transformers import DynamicCache  # here: toy runs never load transformers
+
         cache = DynamicCache(config=self.base.config)
         with self._autocast():
             head = decoder(input_ids=uniq, attention_mask=rollout.prompt_mask[first],
