@@ -100,6 +100,8 @@ class LMPolicy:
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         # multinomial on the global stream (no noise): every row draws at every position, in order
         compact = self.compact and (noise is not None or greedy)
+        from transformers import DynamicCache  # here: toy runs never load transformers
+
         decoder, cache = self.base.get_decoder(), DynamicCache(config=self.base.config)
         vocab = self.base.get_output_embeddings().weight.shape[0]
         logits = torch.empty(N, vocab, dtype=torch.promote_types(self.base.dtype, torch.float32), device=self.device)
