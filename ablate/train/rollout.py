@@ -93,6 +93,8 @@ class LMPolicy:
         alone, so the tokens are those of the uncompacted loop. Without noise (torch.multinomial on the
         global stream) every row draws at every position, so nothing is compacted. The logits live in one
         [N, V] buffer written in place at every position (`_head_into`), rows in `alive` order."""
+        from transformers import DynamicCache  # here: toy runs never load transformers
+
         uids, umask = self.encode(prompts)
         ids, mask = uids.repeat_interleave(n, 0), umask.repeat_interleave(n, 0)
         N = ids.shape[0]
@@ -100,8 +102,6 @@ class LMPolicy:
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         # multinomial on the global stream (no noise): every row draws at every position, in order
         compact = self.compact and (noise is not None or greedy)
-        from transformers import DynamicCache  # here: toy runs never load transformers
-
         decoder, cache = self.base.get_decoder(), DynamicCache(config=self.base.config)
         vocab = self.base.get_output_embeddings().weight.shape[0]
         logits = torch.empty(N, vocab, dtype=torch.promote_types(self.base.dtype, torch.float32), device=self.device)
