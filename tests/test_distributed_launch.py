@@ -140,13 +140,18 @@ json.dump(logs, open(f"{out}/rank{rank}.json", "w"))
 """.replace("EPISODES", repr(EPISODES), 1)
 
 
-def test_warning_seen_by_one_rank_is_acted_on_by_every_rank_at_the_same_step(tmp_path):
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(tmp_path)],
+def run_rank_script(script: str, tmp_path) -> list:
+    """`script` (RANK_SCRIPT or a variant) as ranks 0 and 1, both exiting 0; each rank's episode logs."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path)],
                               env={**os.environ, "PYTHONPATH": str(ROOT)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_warning_seen_by_one_rank_is_acted_on_by_every_rank_at_the_same_step(tmp_path):
+    logs = run_rank_script(RANK_SCRIPT, tmp_path)
     for (signalled, at), r0, r1 in zip(EPISODES, *logs):
         # both stop at the end of step `at`, whichever rank got the signal: rank 0 saved there (the resume
         # loses and repeats no step) and exits as submitit does to requeue; rank 1 leaves quietly rather

@@ -4,7 +4,6 @@ optimizer over 1/2 shards on each rank; its checkpoints resume in one process an
 checkpoint resumes under fsdp, both to the uninterrupted result. Every 2-rank run shares one launch."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -129,20 +128,12 @@ def test_fsdp_refuses_what_it_does_not_shard(over, field):
 def test_a_warning_under_fsdp_saves_on_every_rank_at_the_same_step(tmp_path):
     """The SLURM warning with a save that is a collective (fsdp gathers the shards): every rank runs it at
     the agreed boundary, rank 0's handler does not run it again, and no rank waits for a peer gone."""
-    import subprocess
-    import sys
-
-    from test_distributed_launch import EPISODES, RANK_SCRIPT, ROOT
+    from test_distributed_launch import EPISODES, RANK_SCRIPT, run_rank_script
 
     script = RANK_SCRIPT.replace("with preemption.guard(save):", "with preemption.guard(save, collective=True):")
     script = script.replace('log["saved_at"] = step', 'dist.all_reduce(torch.ones(1)); log["saved_at"] = step')
     assert script.count("collective=True") == script.count("dist.all_reduce(torch.ones(1)); log") == 1
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path)],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    logs = run_rank_script(script, tmp_path)
     for (signalled, at), r0, r1 in zip(EPISODES, *logs):
         assert r0 == {"handled_at": at, "saved_at": at, "exit": -1, "last_step": at, "requeue": True}, signalled
         assert r1 == {"handled_at": at, "saved_at": at, "exit": 0, "last_step": at, "requeue": True}, signalled

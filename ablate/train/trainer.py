@@ -190,7 +190,7 @@ def sample_groups(policy, task, problems: list[Problem], cfg: RunConfig, tokeniz
 
     parts = distributed.map_shards(len(problems), mine)
     ro = Rollout.cat([p[0] for p in parts], policy.pad_id)
-    ro = distributed.to_device(ro, policy.device) if distributed.world() > 1 else ro  # gathered on the CPU
+    ro = distributed.to_device(ro, policy.device) if distributed.world() > 1 else ro  # tensors keep their device
     return (ro, *(torch.cat([p[i] for p in parts]) for i in range(1, 6)), seconds[0])
 
 
