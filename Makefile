@@ -26,4 +26,4 @@ services:
 	scripts/postgres-dev start
 
 test: $(VENV)/.installed services
-	$(PY) -m pytest -q --durations=25   # the slowest tests, so CI shows where the time goes
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=25   # a worker per core (tests/conftest.py: by file); the slowest tests listed

@@ -1,6 +1,8 @@
+import functools
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,10 @@ os.environ.setdefault("WANDB_MODE", "disabled")  # tests/test_tracking.py opts i
 # PYTEST_DEBUG_TEMPROOT yourself (pytest's own variable) to put them elsewhere.
 if "PYTEST_DEBUG_TEMPROOT" not in os.environ and os.access("/dev/shm", os.W_OK):
     os.environ["PYTEST_DEBUG_TEMPROOT"] = "/dev/shm"
+
+# under pytest-xdist each worker's torch gets its share of the cores (read when torch initialises), not all
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 SLURM_STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
 SLURM_START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
@@ -30,9 +36,15 @@ def slurm_cluster() -> None:
         res = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail(f"`sinfo` timed out, slurmctld is not answering: {SLURM_START_HINT}", pytrace=False)
-    if res.returncode != 0 or not set(res.stdout.split()) & {"idle", "mixed", "allocated"}:
+    if res.returncode != 0 or not set(res.stdout.split()) & {"idle", "mixed", "allocated", "completing", "planned"}:
         pytest.fail(f"SLURM cluster is down (sinfo: {res.stdout.strip()} {res.stderr.strip()}): {SLURM_START_HINT}",
                     pytrace=False)
+    # a module starts on an empty queue: the tests time their jobs, which must not wait behind another's
+    deadline = time.monotonic() + 120
+    while (queue := subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.strip()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the dev cluster's queue is not empty after 120 s:\n{queue}", pytrace=False)
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +111,31 @@ def assert_renders_in_chromium(html, tmp_path) -> None:
     pixels = np.asarray(Image.open(png).convert("L"), dtype=float)
     assert pixels.shape == (2000, 1200)
     assert pixels.std() > 20 and (pixels < 128).mean() > 0.01               # not blank: text and figures
+
+
+@functools.cache
+def _uses_the_cluster(path: Path) -> bool:
+    return "mark.slurm" in path.read_text()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The dev SLURM cluster's tests first: under pytest-xdist they are one unit (see below), the longest."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: files keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs `-n auto --dist loadfile`: each file's tests on one worker, so its module fixtures are
+    built once, and the files that use the dev SLURM cluster together as one unit, first, because the
+    cluster's 2 CPUs hold one test's jobs at a time and its tests time their jobs."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesClusterTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "dev SLURM cluster" if _uses_the_cluster(config.rootpath / file) else file
+
+    config.option.loadscopereorder = False  # units in collection order (not by size): the cluster's first
+    return FilesClusterTogether(config, log)

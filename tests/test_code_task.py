@@ -1,10 +1,12 @@
 """The code task and its sandbox: end to end with the scripted (reference) policy, and adversarial
 completions that must score 0 within the timeout without harming the trainer's process or the host."""
 
+import contextlib
 import errno
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -13,7 +15,7 @@ from ablate.config import ConfigError, parse
 from ablate.tasks import make_task, score_batch
 from ablate.tasks.base import Problem
 from ablate.tasks.code import as_tests, extract_code, procedural_problems
-from ablate.tasks.sandbox import FIRST_UID, MAX_SLOTS, Limits, run_tests
+from ablate.tasks.sandbox import FIRST_UID, MAX_SLOTS, Limits, run_tests, slot
 
 WALL = Limits().wall_seconds
 
@@ -146,13 +148,33 @@ def test_adversarial_completion_scores_zero_within_timeout(name):
 
 
 def test_no_process_survives_a_fork_bomb():
-    score(ADVERSARIAL["fork_bomb"])
-    deadline, left = time.monotonic() + 5, ["?"]
-    while left and time.monotonic() < deadline:  # the kernel reaps a dead pid namespace asynchronously
-        uids = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True).stdout.split()
-        left = [u for u in uids if FIRST_UID <= int(u) < FIRST_UID + MAX_SLOTS]
-        time.sleep(0.1)
-    assert not left
+    # other runs on this machine may use the sandbox meanwhile: hold every slot but one, so the fork bomb
+    # runs in that one, and hold that one too while looking for its processes
+    with contextlib.ExitStack() as held:
+        uids = {held.enter_context(slot()) for _ in range(MAX_SLOTS - 1)}
+        (bomb_uid,) = set(range(FIRST_UID, FIRST_UID + MAX_SLOTS)) - uids
+        score(ADVERSARIAL["fork_bomb"])
+        assert held.enter_context(slot()) == bomb_uid
+        deadline, left = time.monotonic() + 5, ["?"]
+        while left and time.monotonic() < deadline:  # the kernel reaps a dead pid namespace asynchronously
+            left = [u for u in subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True).stdout.split()
+                    if int(u) == bomb_uid]
+            time.sleep(0.1)
+        assert not left
+
+
+def test_slots_exclude_each_other_across_processes():
+    script = ("import sys\nfrom ablate.tasks.sandbox import slot\nwith slot() as uid:\n"
+              "    print(uid, flush=True)\n    sys.stdin.read()\n")
+    with slot() as mine:
+        other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        theirs = int(other.stdout.readline())
+        assert theirs != mine and FIRST_UID <= theirs < FIRST_UID + MAX_SLOTS
+    with slot() as again:
+        assert again != theirs  # still held by the other process
+    other.communicate("")
+    assert other.returncode == 0
 
 
 def test_cannot_write_outside_its_private_tmp(tmp_path):

@@ -9,7 +9,8 @@ of bounded size and nothing else writable, a cleared environment, no capabilitie
 with the caller (`--die-with-parent`), and a seccomp filter (`ablate.tasks.seccomp`: ptrace, namespaces,
 mounts, bpf, io_uring, non-AF_UNIX sockets, ... fail with EPERM). The untrusted child also gets rlimits on CPU time, address
 space, processes and file size; the whole job a hard wall-clock timeout, after which its process group
-is killed. Each concurrent job runs under its own unprivileged uid (one per worker slot), so the process
+is killed. Each concurrent job runs under its own unprivileged uid (one per worker slot; the slots are
+file locks shared by every process on the machine, so concurrent runs never share one), so the process
 limit counts only that job's processes and no job can signal another.
 
 The result channel: the harness writes `<token> <test index> <0|1>` after each test to a pipe that only
@@ -20,13 +21,16 @@ code can neither see the tests nor forge a pass, and docs/tasks.md for what is a
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-import queue
 import secrets
 import shutil
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -37,6 +41,7 @@ BWRAP = "/usr/bin/bwrap"
 PYTHON = "/usr/bin/python3"  # the system interpreter: under /usr, the only tree the sandbox can see
 FIRST_UID = 61000            # slot uids FIRST_UID .. FIRST_UID + MAX_SLOTS - 1 (no passwd entry needed)
 MAX_SLOTS = 64
+SLOT_LOCK = "/tmp/ablate-sandbox-slot-{uid}.lock"  # one per slot uid, for every process on the machine
 
 
 @dataclass(frozen=True)
@@ -72,9 +77,32 @@ def bwrap_argv(limits: Limits) -> list[str]:
     return argv
 
 
-_slots: queue.Queue[int] = queue.Queue()
-for _uid in range(FIRST_UID, FIRST_UID + MAX_SLOTS):
-    _slots.put(_uid)
+def _open_lock(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)  # another user's lock file: no O_CREAT (fs.protected_regular)
+    except FileNotFoundError:
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+
+
+@contextlib.contextmanager
+def slot() -> Iterator[int]:
+    """The lowest slot uid that no job on this machine holds, held until exit: an flock on its file (per
+    open file, so threads of one process exclude each other too; the kernel drops it when a holder dies).
+    Waits while every slot is held."""
+    while True:
+        for uid in range(FIRST_UID, FIRST_UID + MAX_SLOTS):
+            fd = _open_lock(SLOT_LOCK.format(uid=uid))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield uid
+            finally:
+                os.close(fd)  # releases the lock
+            return
+        time.sleep(0.05)
 
 
 def run_tests(code: str, entry_point: str, tests: list[str], limits: Limits = Limits()) -> list[bool]:
@@ -87,8 +115,7 @@ def run_tests(code: str, entry_point: str, tests: list[str], limits: Limits = Li
     filter_fds = _seccomp_fds(limits)
     seccomp = [arg for fd in filter_fds for arg in ("--seccomp", str(fd))]
     read_fd, write_fd = os.pipe()
-    uid = _slots.get()
-    try:
+    with slot() as uid:
         user = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
         proc = subprocess.Popen(bwrap_argv(limits) + seccomp + [PYTHON, "-I", "-S", "-c", HARNESS, str(write_fd)],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -104,8 +131,6 @@ def run_tests(code: str, entry_point: str, tests: list[str], limits: Limits = Li
             _kill(proc)
         with os.fdopen(read_fd, "rb") as f:
             lines = f.read(1 << 20).decode(errors="replace").splitlines()
-    finally:
-        _slots.put(uid)
     passed = [False] * len(tests)
     for line in lines:
         parts = line.split()
