@@ -93,6 +93,32 @@ def test_an_error_on_one_rank_fails_the_run_with_its_traceback_on_every_rank(tmp
     assert "rank 1 of 2 failed" in failure.value.format_msg()  # both ranks raised the same RuntimeError
 
 
+@pytest.mark.parametrize("where", ["update", "old-policy pass"])
+def test_an_error_on_one_rank_in_the_update_or_a_scoring_pass_fails_the_run_with_its_traceback(tmp_path, monkeypatch,
+                                                                                                 where):
+    # rank 1's forward raises, with grad (the update's backward passes) or without (pi_old's scores, needed
+    # for two minibatches):
+    # rank 0 learns of it before the gradient reduction or the gather that follows, not by a timeout
+    real = ToyPolicy.features
+
+    def features(self, rollout):
+        if distributed.rank() == 1 and torch.is_grad_enabled() == (where == "update"):
+            raise ValueError(f"rank 1 broke in the {where}")
+        return real(self, rollout)
+
+    monkeypatch.setattr(ToyPolicy, "features", features)
+    cfg = toy(4, recipe={"group_size": 4, "max_new_tokens": 2, "kl_coef": 0.0, "minibatches": 2})
+    out = str(tmp_path / "failed")
+    t0 = time.perf_counter()
+    with pytest.raises(ChildFailedError):
+        distributed.launch(2, [(cfg, out)])
+    assert time.perf_counter() - t0 < 120  # not the collective timeout (300 s)
+    status = RunStore(out).status()
+    assert status["state"] == "failed" and status["step"] == 0 and not RunStore(out).read("metrics")  # in step 1
+    assert f"rank 1 of 2 failed: ValueError: rank 1 broke in the {where}" in status["error"]
+    assert "in features" in status["error"]  # rank 1's traceback
+
+
 def _gather_uneven() -> dict:
     """One rank of 2: gather shares of unequal sizes (rank 0: 3 rows of 4 columns, rank 1: 1 row of 2, as
     rollouts of different completion lengths), of several dtypes, a 0-dim and a non-contiguous tensor,

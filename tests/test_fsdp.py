@@ -69,6 +69,8 @@ def fsdp_runs(tmp_path_factory, tiny_model_dir):
         sigkill_rank1_at_step(monkeypatch, jobs[-1][1], 3)
         with pytest.raises(ChildFailedError):
             distributed.launch(2, jobs)
+    # the failure is the SIGKILL of the chain's rank 1; the jobs before it completed
+    assert [RunStore(out).status()["state"] for _, out in jobs] == ["completed", "completed", "failed"]
     return jobs, [json.loads(line) for p in shards.iterdir() for line in p.read_text().splitlines()]
 
 

@@ -106,9 +106,10 @@ class Critic:
         N, T = rollout.completion_ids.shape
         rows = torch.arange(N)[distributed.split(N)]
         out = torch.zeros(len(rows), T, dtype=torch.float64, device=rollout.completion_ids.device)
-        for idx, sub in execution.micro_batches(rollout, rows, budget, max_rows=chunk) if len(rows) else ():
-            v = self.model(sub)
-            out[(idx - rows[0]).to(out.device), :v.shape[1]] = v.double()
+        with distributed.failing_together():
+            for idx, sub in execution.micro_batches(rollout, rows, budget, max_rows=chunk) if len(rows) else ():
+                v = self.model(sub)
+                out[(idx - rows[0]).to(out.device), :v.shape[1]] = v.double()
         return distributed.gather_rows(out)
 
     def step(self, rollout: Rollout, task_rewards: Tensor, kl_tok: Tensor | None, kl_coef: float,
@@ -141,15 +142,16 @@ class Critic:
                 whole, parts = mask[idx], []
                 mine = idx[distributed.split(len(idx))]  # this rank's rows (all of them at world size 1)
                 micro = execution.micro_batches(rollout, mine, cfg.compute.micro_batch_tokens) if len(mine) else ()
-                for mb, sub in micro:
-                    v = self.model(sub)  # [n, t]
-                    t = v.shape[1]
-                    mb = mb.to(mask.device)
-                    loss, stats = value_loss(v, old[mb, :t], returns[mb, :t], mask[mb, :t], value_clip=r.value_clip)
-                    w = losses.micro_weight("token_mean", mask[mb, :t], whole, r.max_new_tokens, loss.dtype)
-                    (r.vf_coef * loss * w).backward()
-                    w_tok = mask[mb, :t].sum() / whole.sum().clamp(min=1)
-                    parts.append((w, w_tok, {"value_loss": loss, **stats}))
+                with distributed.failing_together():
+                    for mb, sub in micro:
+                        v = self.model(sub)  # [n, t]
+                        t = v.shape[1]
+                        mb = mb.to(mask.device)
+                        loss, stats = value_loss(v, old[mb, :t], returns[mb, :t], mask[mb, :t], value_clip=r.value_clip)
+                        w = losses.micro_weight("token_mean", mask[mb, :t], whole, r.max_new_tokens, loss.dtype)
+                        (r.vf_coef * loss * w).backward()
+                        w_tok = mask[mb, :t].sum() / whole.sum().clamp(min=1)
+                        parts.append((w, w_tok, {"value_loss": loss, **stats}))
                 distributed.sum_gradients(self.params)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip or float("inf"))
                 self.optimizer.step()

@@ -17,18 +17,20 @@ indexed by the global row (`ablate.rl.sampling.RowNoise`), so the samples do not
 Rank 0 alone writes the run folder and the W&B mirror; the other ranks get a `FollowerStore` that reads
 (the checkpoint to resume from) and writes nothing. Every collective has the timeout
 `compute.collective_timeout_s`: a rank that died makes the others fail after it, never hang. A rank
-that raises in its share of `map_shards` does not leave the others waiting: `raise_together` makes every
-rank raise the same error at once; a decision only rank 0 can take (pruning) is broadcast, `on_main`.
+that raises in its share of `map_shards`, or inside `failing_together` (a no-grad pass, a minibatch's
+backward passes), does not leave the others waiting: `raise_together` makes every rank raise the same
+error at once; a decision only rank 0 can take (pruning) is broadcast, `on_main`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import math
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -188,6 +190,19 @@ def raise_together(err: Exception | None) -> None:
     if diverged:
         raise Diverged(f"{message} (on rank {r} of {world()})") from err
     raise RuntimeError(f"rank {r} of {world()} failed: {kind}: {message}\n{trace}") from err
+
+
+@contextlib.contextmanager
+def failing_together() -> Iterator[None]:
+    """Around a rank's local work before a collective (a no-grad pass, the backward passes of a minibatch):
+    an exception inside is raised on every rank, as `raise_together` does, instead of leaving the other
+    ranks waiting in the collective that follows until its timeout. One process: the exception itself."""
+    failure = None
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        failure = err
+    raise_together(failure)
 
 
 def on_main(fn: Callable[[], Any]) -> Any:

@@ -247,14 +247,15 @@ def sequence_scores(policy, rollout: Rollout, temperature: float, budget: int = 
     rows = torch.arange(N)[distributed.split(N)]
     out = rollout.completion_mask.new_zeros(len(rows), T)  # the loss dtype (float64 for the chapter toy)
     ent = out.clone() if entropy else None
-    for idx, sub in execution.micro_batches(rollout, rows, budget, max_rows=chunk) if len(rows) else ():
-        logp, h = execution.token_scores(policy, sub, temperature, "value" if entropy else "none")  # [n, t], t <= T
-        at = (idx - rows[0]).to(out.device)
-        out = out.to(logp.dtype)
-        out[at, :logp.shape[1]] = logp
-        if entropy:
-            ent = ent.to(h.dtype)
-            ent[at, :h.shape[1]] = h
+    with distributed.failing_together():
+        for idx, sub in execution.micro_batches(rollout, rows, budget, max_rows=chunk) if len(rows) else ():
+            logp, h = execution.token_scores(policy, sub, temperature, "value" if entropy else "none")  # [n, t]
+            at = (idx - rows[0]).to(out.device)
+            out = out.to(logp.dtype)
+            out[at, :logp.shape[1]] = logp
+            if entropy:
+                ent = ent.to(h.dtype)
+                ent[at, :h.shape[1]] = h
     return distributed.gather_rows(out), distributed.gather_rows(ent) if entropy else None
 
 
@@ -295,41 +296,41 @@ def update(policy, ref_logp, old_logp, batch: Batch, adv: torch.Tensor, loss_mas
                 list(execution.micro_batches(batch.rollout, idx, cfg.compute.micro_batch_tokens))
             cov_sel = recipes.covariance_selection(r, loss_params, policy, whole, old_logp, adv, loss_mask,
                                                    split=distributed.world() > 1)
-            for mb, sub in micro:
-                logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
-                if distributed.world() == 1:  # several ranks: caught as a non-finite grad norm, on all of them
+            with distributed.failing_together():  # a rank's error (Diverged too) reaches every rank
+                for mb, sub in micro:
+                    logp, ent_tok = execution.token_scores(policy, sub, r.temperature, entropy_mode)  # [n, t]
                     check_finite("log-probabilities (logits)", logp)
-                t = logp.shape[1]
-                mask = loss_mask[mb, :t]
-                old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
-                a = adv[mb] if adv.dim() == 1 else adv[mb, :t]  # [n] or per token [n, t] (REINFORCE++)
-                keep = selected[mb, :t] if selected is not None else None
-                weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None,
-                                              keep)
-                loss_policy, clip = loss_fn(logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens,
-                                            **loss_params, **weight,
-                                            **({"selected": cov_sel[mb, :t]} if cov_sel is not None else {}))
-                if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
-                    loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
-                        logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
-                loss = loss_policy
-                kl = torch.zeros(())
-                if ref_logp is not None:
-                    kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[mb, :t]), mask, r.max_new_tokens)
-                    if r.kl_placement == "loss":
-                        loss = loss + kl_coef * kl
-                entropy = agg(ent_tok, mask, r.max_new_tokens)
-                if r.entropy_coef:  # with token selection the bonus is on the kept tokens (same denominators)
-                    bonus = entropy if keep is None else agg(ent_tok * keep, mask, r.max_new_tokens)
-                    loss = loss - r.entropy_coef * bonus
-                if not torch.isfinite(loss) and distributed.world() == 1:
-                    raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
-                w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
-                (loss * w).backward()
-                w_tok = mask.bool().sum() / whole_mask.bool().sum().clamp(min=1)
-                parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
-                                         "loss_entropy": entropy, **clip}))
-                scores.append((logp.detach(), old, ent_tok.detach()))
+                    t = logp.shape[1]
+                    mask = loss_mask[mb, :t]
+                    old = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
+                    a = adv[mb] if adv.dim() == 1 else adv[mb, :t]  # [n] or per token [n, t] (REINFORCE++)
+                    keep = selected[mb, :t] if selected is not None else None
+                    weight = recipes.token_weight(r, ent_tok, mask, is_weights[mb, :t] if is_weights is not None else None,
+                                                  keep)
+                    loss_policy, clip = loss_fn(logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens,
+                                                **loss_params, **weight,
+                                                **({"selected": cov_sel[mb, :t]} if cov_sel is not None else {}))
+                    if r.pos_nll_coef:  # VAPO's NLL term on positive-advantage samples
+                        loss_policy = loss_policy + r.pos_nll_coef * losses.raft(
+                            logp, old, a, mask, agg=r.loss_agg, max_len=r.max_new_tokens)[0]
+                    loss = loss_policy
+                    kl = torch.zeros(())
+                    if ref_logp is not None:
+                        kl = agg(losses.KL_ESTIMATORS[r.kl_estimator](logp, ref_logp[mb, :t]), mask, r.max_new_tokens)
+                        if r.kl_placement == "loss":
+                            loss = loss + kl_coef * kl
+                    entropy = agg(ent_tok, mask, r.max_new_tokens)
+                    if r.entropy_coef:  # with token selection the bonus is on the kept tokens (same denominators)
+                        bonus = entropy if keep is None else agg(ent_tok * keep, mask, r.max_new_tokens)
+                        loss = loss - r.entropy_coef * bonus
+                    if not torch.isfinite(loss):
+                        raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
+                    w = losses.micro_weight(r.loss_agg, mask, whole_mask, r.max_new_tokens, loss.dtype)
+                    (loss * w).backward()
+                    w_tok = mask.bool().sum() / whole_mask.bool().sum().clamp(min=1)
+                    parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl,
+                                             "loss_entropy": entropy, **clip}))
+                    scores.append((logp.detach(), old, ent_tok.detach()))
             params = sharding.reduce_gradients(policy.module, params)  # ranks' sum; a NaN reaches every rank
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             check_finite("gradient norm", grad_norm)
