@@ -160,12 +160,9 @@ def map_shards(n: int, fn: Callable[[slice], Any]) -> list:
     part = split(n)
     if world() == 1:
         return [fn(part)] if part.stop > part.start else []
-    mine, failure = None, None
-    try:
+    mine = None
+    with failing_together():  # or the others wait in the gather
         mine = fn(part) if part.stop > part.start else None
-    except Exception as err:  # noqa: BLE001 - every rank must learn of it, or they wait in the gather
-        failure = err
-    raise_together(failure)
     return [x for x in gather_objects(mine) if x is not None]
 
 
@@ -211,13 +208,10 @@ def on_main(fn: Callable[[], Any]) -> Any:
     rank (`raise_together`). At world size 1: fn()."""
     if world() == 1:
         return fn()
-    out, failure = [None], None
-    if is_main():
-        try:
+    out = [None]
+    with failing_together():  # the other ranks wait for the answer
+        if is_main():
             out[0] = fn()
-        except Exception as err:  # noqa: BLE001 - the other ranks wait for the answer
-            failure = err
-    raise_together(failure)
     dist.broadcast_object_list(out, src=0)
     return out[0]
 
