@@ -230,7 +230,7 @@ def curves_figure(study, metric: str, x: str, run_arm: pd.Series, arms: list[str
             band = np.isfinite(c.lo) & np.isfinite(c.hi)
             if band.any():
                 ax.fill_between(c.x[band], np.clip(c.lo[band] * k, lo_r, hi_r), np.clip(c.hi[band] * k, lo_r, hi_r),
-                                color=colors[arm], alpha=0.2, lw=0, gid="band")
+                                color=colors[arm], alpha=0.14, lw=0, gid="band")
             ok = np.isfinite(c.mean)
             ax.plot(c.x[ok], c.mean[ok] * k, color=colors[arm], lw=1.8, ls=dashes[arm], gid="mean",
                     marker="o" if is_eval and ok.sum() < 30 else None, ms=3)
