@@ -359,10 +359,10 @@ def html(rep, title: str, meta: dict) -> str:
         p.append("<p>Not fitted (ablate report --fit tokens | samples | wall | steps).</p>")
     sec("curves")
     if "curves" in rep.figures:
-        band = "Student t" if rep.ci_method == "t" else f"bootstrap (none below {MIN_BOOT_SEEDS} seeds)"
-        p.append(f"<p class='meta'>Mean over the seeds of each arm (runs used in the statistics); shaded: 95% {band} "
-                 "CI over seeds; per-step metrics averaged in bins; rates in points.</p>")
+        p.append(f"<p class='meta'>{H.escape(rep.curves_caption)}</p>")
         p.append(f"<img alt='training curves' src='data:image/png;base64,{rep.figures['curves']}'>")
+    if rep.curves_notes:
+        p.append("<ul>" + "".join(f"<li>{H.escape(n)}</li>" for n in rep.curves_notes) + "</ul>")
     sec("passk")
     if len(rep.passk):
         p.append(f"<p class='meta'>{H.escape(PASSK_NOTE)}</p>")

@@ -53,6 +53,8 @@ class Report:
     fit_x: str | None = None                        # compute axis of the scaling fit (None: not fitted)
     scaling: pd.DataFrame | None = None             # per arm A, B, C_mid with CIs, extrapolation check
     figures: dict = field(default_factory=dict)     # name -> base64 PNG
+    curves_caption: str = ""                        # what the Curves figure draws (plots.curves_caption)
+    curves_notes: list = field(default_factory=list)  # one line per metric without a panel (constant, not logged)
     samples: dict = field(default_factory=dict)     # arm -> list of sample rows
     runs: pd.DataFrame | None = None
     tasks: pd.DataFrame | None = None              # task mixtures: final per-task held-out pass@k per arm
@@ -357,7 +359,10 @@ def build_report(paths, out: str | Path | None = None, metric: str | None = None
         inc = rep.scores[rep.scores["included"]]
         use = inc if len(inc) else rep.scores
         run_arm = use.set_index("run_id")["arm"]
-        rep.figures["curves"] = plots.to_base64(plots.curves_figure(study, metric, x, run_arm, arms, ci_method=ci_method))
+        curves = plots.curves_figure(study, metric, x, run_arm, arms, ci_method=ci_method)
+        rep.curves_caption, rep.curves_notes = curves.caption, curves.notes
+        if curves.fig is not None:
+            rep.figures["curves"] = plots.to_base64(curves.fig)
         if len(rep.passk):
             pk = rep.passk.assign(mean=rep.passk["mean"] * 100, lo=rep.passk["lo"] * 100, hi=rep.passk["hi"] * 100)
             rep.figures["passk"] = plots.to_base64(plots.passk_figure(pk, arms, "pass@k (held-out, points)"))

@@ -127,19 +127,90 @@ EVAL_METRICS: dict[str, str] = {
 }
 
 
+# --- ranges ----------------------------------------------------------------------------------------
+# (low, high) of every metric above in its logged units, None where unbounded; the report clips curve bands
+# and axes to it (shares are drawn in points, x100). Derived from the definitions; verifier scores are in
+# [0, 1] by the Task contract (ablate/tasks/base.py), so every reward without the format, overlong and KL
+# terms is too; the total reward, losses and advantages are unbounded.
+SHARE, NONNEG, ANY = (0.0, 1.0), (0.0, None), (None, None)
+RANGES: dict[str, tuple[float | None, float | None]] = {
+    **dict.fromkeys([  # shares, pass rates, verifier scores and the soft gate 4 s (1 - s)
+        "train/reward_correct_mean", "train/reward_format_mean", "train/dead_group_frac", "train/dead_all_correct_frac",
+        "train/dead_all_wrong_frac", "train/nonzero_adv_token_frac", "train/clip_frac_low", "train/clip_frac_high",
+        "train/clip_frac", "train/dual_clip_frac", "train/truncation_rate", "data/retired_frac",
+        "data/sampled_pass_rate_mean", "train/{task}/reward_correct_mean", "train/{task}/dead_group_frac",
+        "offpolicy/ess_frac", "offpolicy/ess_frac_seq", "offpolicy/ess_frac_corrected", "offpolicy/is_cap_frac",
+        "offpolicy/rejected_token_frac", "offpolicy/rejected_seq_frac", "offpolicy/max_abs_prob_diff",
+        "train/cispo_cap_frac", "train/soft_gate_mean", "train/cov_select_frac", "train/sft_token_frac",
+        "train/high_entropy_token_frac", "critic/clipfrac", "eval/pass@{k}", "eval/maj@{k}", "eval/{task}/pass@{k}",
+        "eval/pass@1_exact", "eval/greedy_acc", "eval/reward_mean", "eval/frac_never_solved",
+        "eval/frac_always_solved"], SHARE),
+    **dict.fromkeys([  # stds, norms, entropies, lengths, counts, times, weights, k3 estimates, squared losses
+        "train/reward_std", "train/format_weight", "train/live_groups", "train/adv_std", "train/entropy",
+        "train/ratio_mean", "train/ratio_max", "train/completion_len_mean", "train/completion_len_max",
+        "train/loss_entropy", "train/grad_norm", "train/lr", "data/pool_size", "train/temperature",
+        "train/max_new_tokens", "counters/samples", "counters/tokens", "perf/wall_seconds", "perf/step_seconds",
+        "perf/generate_seconds", "perf/reward_seconds", "perf/logprob_seconds", "perf/update_seconds",
+        "perf/gen_tokens_per_s", "perf/train_tokens_per_s", "offpolicy/kl_k3", "offpolicy/weight_mean",
+        "offpolicy/weight_max", "offpolicy/lag_mean", "offpolicy/lag_max", "train/ppo_kl", "train/adv_abs_max",
+        "kl/coef", "kl/ref_resets", "kl/steps_since_reset", "train/terminated_len_mean", "critic/value_loss",
+        "critic/grad_norm", "eval/completion_len_mean"], NONNEG),
+    **dict.fromkeys([  # signed: total reward, losses, advantages, covariances, values, a k1 estimate
+        "train/reward_mean", "train/adv_mean", "train/loss", "train/loss_policy", "offpolicy/kl_k1",
+        "policy/entropy_adv_cov", "critic/value_mean", "critic/return_mean"], ANY),
+    # KL to the reference with `recipe.kl_estimator` (the KL-in-reward term is kl_coef >= 0 times it): k1 can
+    # be negative, k2 and k3 cannot; metric_range narrows these to >= 0 when the estimators are known
+    **dict.fromkeys(["train/kl", "train/loss_kl", "train/reward_kl_mean"], ANY),
+    "train/reward_overlong_mean": (None, 0.0),             # DAPO's soft penalty, in [-overlong_factor, 0]
+    "train/gen_rounds": (1.0, None),
+    "offpolicy/chi2_token": (-1.0, None),                  # mean(w^2) - 1 with w >= 0
+    "offpolicy/chi2_seq": (-1.0, None),
+    "critic/explained_variance": (None, 1.0),
+    "eval/train_minus_heldout_reward": (-1.0, 1.0),        # a difference of two verifier means in [0, 1]
+}
+KL_ESTIMATE = ("train/kl", "train/loss_kl", "train/reward_kl_mean")
+# `recipe.kl_estimator` (ablate/rl/losses.py::KL_ESTIMATORS) -> whether its every value is >= 0
+KL_NONNEGATIVE = {"k1": False, "k2": True, "k3": True}
+
+
+def _key(name: str) -> str | None:
+    """The table entry that defines `name`: itself, or a template ({k}: an integer, {task}: a task label)."""
+    if name in STEP_METRICS or name in EVAL_METRICS:
+        return name
+    for key in (*STEP_METRICS, *EVAL_METRICS):
+        if "{" in key and re.fullmatch(re.escape(key).replace(r"\{k\}", r"\d+").replace(r"\{task\}", r"\w+"), name):
+            return key
+    return None
+
+
 def is_defined(name: str) -> bool:
     """True if `name` is in one of the tables (pass@k matches any k)."""
-    if name in STEP_METRICS or name in EVAL_METRICS:
-        return True
-    return (re.fullmatch(r"eval/(pass|maj)@\d+", name) is not None or re.fullmatch(r"eval/\w+/pass@\d+", name) is not None
-            or re.fullmatch(r"train/\w+/(reward_correct_mean|dead_group_frac)", name) is not None)
+    return _key(name) is not None
+
+
+def metric_range(name: str, kl_estimators=()) -> tuple[float | None, float | None]:
+    """(low, high) of a metric in its logged units, None where unbounded (an undefined name: both). A KL
+    estimate (KL_ESTIMATE) is >= 0 when `kl_estimators`, the runs' `recipe.kl_estimator`s, are all k2 / k3."""
+    key = _key(name)
+    if key in KL_ESTIMATE and kl_estimators and all(KL_NONNEGATIVE.get(e, False) for e in kl_estimators):
+        return NONNEG
+    return RANGES.get(key, ANY)
+
+
+def _range_text(name: str) -> str:
+    lo, hi = RANGES[name]
+    if name in KL_ESTIMATE:
+        return "any (>= 0 with k2, k3)"
+    if lo is None and hi is None:
+        return "any"
+    return f">= {lo:g}" if hi is None else f"<= {hi:g}" if lo is None else f"[{lo:g}, {hi:g}]"
 
 
 def render_markdown() -> str:
     lines = ["# Metrics", "", "Generated from `ablate/runs/metrics.py`; do not edit by hand.", ""]
     for title, table in (("Per step (metrics.jsonl)", STEP_METRICS), ("Held-out evaluation (evals.jsonl)", EVAL_METRICS)):
-        lines += [f"## {title}", "", "| metric | definition |", "|---|---|"]
-        lines += [f"| `{name}` | {text} |" for name, text in table.items()]
+        lines += [f"## {title}", "", "| metric | range | definition |", "|---|---|---|"]
+        lines += [f"| `{name}` | {_range_text(name)} | {text} |" for name, text in table.items()]
         lines.append("")
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ class Task(Protocol):
         """Strict verifier in [0, 1]; held-out evaluation always uses this one."""
 
     def train_score(self, problem: Problem, completion: str) -> float:
-        """Training verifier: `score`, unless the task was built gameable."""
+        """Training verifier in [0, 1]: `score`, unless the task was built gameable."""
 
     def format_score(self, completion: str) -> float:
         """1.0 when the completion has the expected structure, else 0.0."""
