@@ -8,7 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from ablate.rl.corrections import IS_CORRECTIONS, is_correction, mismatch_metrics
-from ablate.rl.losses import policy_loss
+from ablate.rl.losses import LossParams, ppo_clip
 
 D = torch.float64
 TOL = {"atol": 1e-4, "rtol": 0}
@@ -92,8 +92,8 @@ def test_worked_example_mismatch_metrics():
 
 def _loss(w_hat=None, keep=MASK, old=OLD):
     logp = LOGP.clone().requires_grad_(True)
-    loss, _ = policy_loss(logp, old, ADV, keep, eps_low=0.2, eps_high=0.2, agg="token_mean", max_len=4,
-                          is_weights=w_hat)
+    loss, _ = ppo_clip(logp, old, ADV, keep, agg="token_mean", max_len=4, params=LossParams(eps_low=0.2, eps_high=0.2),
+                       token_weight=w_hat)
     (grad,) = torch.autograd.grad(loss, logp)
     return loss, grad, logp
 
