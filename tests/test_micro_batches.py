@@ -15,8 +15,8 @@ from ablate.rl.losses import AGG_NORMALISERS, AGGREGATIONS, RATIO_LEVELS
 from ablate.runs.store import RunStore
 from ablate.train import execution
 from ablate.train.models import build_tokenizer
-from ablate.train.rollout import LMPolicy
 from ablate.train.plan import plan_step
+from ablate.train.rollout import LMPolicy
 from ablate.train.trainer import train
 from ablate.train.update import sequence_logprobs, update
 

@@ -173,4 +173,4 @@ def test_the_is_correction_is_the_entry_with_its_band(name):
     got = p.is_correction(old, behav, mask)
     want = IS_CORRECTIONS[name](old, behav, mask, cap=1.5, lo=band.get("is_lo"), hi=band.get("is_hi"))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert p.weights_tokens_by_is == (name != "none")
+    assert p.is_weighted == (name != "none")

@@ -118,16 +118,17 @@ class Critic:
         step's returns; and the step's critic/* metrics. task_rewards [B, G] (before KL), kl_tok [N, T]
         (KL in the reward, else None), loss_mask [N, T] the tokens the losses count."""
         c, m = plan.critic, loss_mask.bool()
-        old = self.values(rollout, plan.micro_batch_tokens)  # [N, T]
-        token_r = outcome_token_rewards(task_rewards.flatten().to(old), m, kl_tok, kl_coef)
-        raw, returns = gae(token_r, old, m, c.gamma, c.lam)
-        row = self.fit(plan, rollout, old, returns, m)
-        row.update({"critic/explained_variance": float(explained_variance(returns, old, m)),
-                    "critic/value_mean": float(masked_mean(old, m)),
+        old_values = self.values(rollout, plan.micro_batch_tokens)  # [N, T]
+        token_r = outcome_token_rewards(task_rewards.flatten().to(old_values), m, kl_tok, kl_coef)
+        raw, returns = gae(token_r, old_values, m, c.gamma, c.lam)
+        row = self.fit(plan, rollout, old_values, returns, m)
+        row.update({"critic/explained_variance": float(explained_variance(returns, old_values, m)),
+                    "critic/value_mean": float(masked_mean(old_values, m)),
                     "critic/return_mean": float(masked_mean(returns, m))})
         return whiten(raw, m, c.ddof, c.eps), row
 
-    def fit(self, plan: StepPlan, rollout: Rollout, old: Tensor, returns: Tensor, mask: Tensor) -> dict[str, float]:
+    def fit(self, plan: StepPlan, rollout: Rollout, old_values: Tensor, returns: Tensor, loss_mask: Tensor
+            ) -> dict[str, float]:
         """plan.epochs x plan.minibatches optimiser steps on the clipped value loss (token mean over each
         minibatch), accumulated over micro-batches exactly as the policy's update is; with several ranks
         split as it is too: each rank back-propagates its share of every minibatch's rows, weighted
@@ -138,16 +139,16 @@ class Critic:
         for _ in range(plan.epochs):
             for idx in torch.randperm(N, generator=gen).split(math.ceil(N / plan.minibatches)):
                 self.optimizer.zero_grad(set_to_none=True)
-                minibatch_mask, parts = mask[idx], []
+                minibatch_mask, parts = loss_mask[idx], []
                 mine = idx[distributed.split(len(idx))]  # this rank's rows (all of them at world size 1)
                 micro = execution.micro_batches(rollout, mine, plan.micro_batch_tokens) if len(mine) else ()
                 with distributed.failing_together():
                     for mb, sub in micro:
                         v = self.model(sub)  # [n, t]
                         t = v.shape[1]
-                        mb = mb.to(mask.device)
-                        micro_mask = mask[mb, :t]
-                        loss, stats = value_loss(v, old[mb, :t], returns[mb, :t], micro_mask, value_clip=c.value_clip)
+                        mb = mb.to(loss_mask.device)
+                        micro_mask = loss_mask[mb, :t]
+                        loss, stats = value_loss(v, old_values[mb, :t], returns[mb, :t], micro_mask, value_clip=c.value_clip)
                         w = losses.micro_weight("token_mean", micro_mask, minibatch_mask, plan.loss.max_len,
                                                 loss.dtype)
                         (c.vf_coef * loss * w).backward()

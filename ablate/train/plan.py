@@ -84,6 +84,8 @@ class Loss:
 
 @dataclass(frozen=True)
 class StepPlan:
+    """What step `step` does; the loop and the update follow it."""
+
     step: int
     seed: int
     sampling: Sampling
@@ -103,7 +105,7 @@ class StepPlan:
     # the tokens the loss counts and their weights
     is_correction: Callable[..., tuple]  # IS_CORRECTIONS entry with its cap / band: (old, behav, mask) ->
                                          # (weights, kept, stats)
-    weights_tokens_by_is: bool        # its weights multiply each token's loss (any correction but 'none')
+    is_weighted: bool                 # its weights multiply each token's loss (any correction but 'none')
     select_tokens: Callable[[Tensor, Tensor], Tensor] | None  # top-entropy: (entropies, mask) -> kept; None: all
     # the update
     epochs: int
@@ -152,7 +154,7 @@ def plan_step(cfg: RunConfig, step: int) -> StepPlan:
                                  neg_weight=r.neg_adv_weight, clip=r.adv_clip),
         drop_truncated=r.overlong == "mask",
         is_correction=partial(IS_CORRECTIONS[r.is_correction], cap=r.is_cap, lo=r.is_lo, hi=r.is_hi),
-        weights_tokens_by_is=r.is_correction != "none",
+        is_weighted=r.is_correction != "none",
         select_tokens=partial(losses.top_entropy_mask, quantile=r.entropy_quantile) if selects else None,
         epochs=r.update_epochs, minibatches=r.minibatches,
         loss=Loss(fn=losses.POLICY_LOSSES[r.policy_loss], params=params,

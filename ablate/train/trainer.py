@@ -344,7 +344,7 @@ def advantages(run: Run, plan: StepPlan, batch: Batch, scored: Scored, greedy: t
     # the selection is made once per step over the whole rollout: fixed for all epochs and minibatches,
     # whatever the split (Wang et al. 2025, arXiv 2506.01939)
     selected = plan.select_tokens(scored.old_entropy, loss_mask) if plan.select_tokens else None
-    token_weight = recipes.token_weight(selected, is_weights if plan.weights_tokens_by_is else None)
+    token_weight = recipes.token_weight(selected, is_weights if plan.is_weighted else None)
     return Advantages(adv, trainable_mask, loss_mask, is_weights, is_stats, selected, token_weight, critic_row)
 
 

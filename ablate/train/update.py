@@ -62,9 +62,7 @@ def update(policy, optimizer, plan: StepPlan, rollout: Rollout, adv: Tensor, los
     Several ranks: each back-propagates its share of every minibatch's rows and the gradients are summed
     (ablate/train/distributed.py); the normalisers stay the whole minibatch's, so the sum is the same.
     Returns the logged means and the first epoch's detached token log-probs [N, T] (pi_old's, on-policy)."""
-    loss_spec, kl = plan.loss, plan.kl
-    agg = losses.AGGREGATIONS[loss_spec.agg]
-    entropy_mode = "grad" if loss_spec.entropy_coef else "value"
+    entropy_mode = "grad" if plan.loss.entropy_coef else "value"
     N = len(rollout)
     params = [p for p in policy.module.parameters() if p.requires_grad]
     logs: dict[str, list[float]] = {}
@@ -79,47 +77,28 @@ def update(policy, optimizer, plan: StepPlan, rollout: Rollout, adv: Tensor, los
             # Clip-Cov / KL-Cov select over the whole minibatch, whatever this rank's and micro-batches' share
             whole = micro if distributed.world() == 1 else \
                 list(execution.micro_batches(rollout, idx, plan.micro_batch_tokens))
-            cov_selected = recipes.covariance_selection(loss_spec.selection, loss_spec.params, policy,
+            cov_selected = recipes.covariance_selection(plan.loss.selection, plan.loss.params, policy,
                                                         plan.sampling.temperature, whole, old_logp, adv, loss_mask,
                                                         split=distributed.world() > 1)
             with distributed.failing_together():  # a rank's error (Diverged too) reaches every rank
                 for mb, sub in micro:
-                    logp, ent_tok = execution.token_scores(policy, sub, plan.sampling.temperature,
+                    logp, entropy = execution.token_scores(policy, sub, plan.sampling.temperature,
                                                            entropy_mode)  # [n, t]
                     check_finite("log-probabilities (logits)", logp)
                     t = logp.shape[1]
                     micro_mask = loss_mask[mb, :t]
                     anchor = old_logp[mb, :t] if old_logp is not None else logp.detach()  # on-policy: ratio 1
-                    a = adv[mb] if adv.dim() == 1 else adv[mb, :t]  # [n] or per token [n, t]
-                    micro_selected = selected[mb, :t] if selected is not None else None
-                    loss_policy, clip = loss_spec.fn(
-                        logp, anchor, a, micro_mask, agg=loss_spec.agg, max_len=loss_spec.max_len,
-                        params=loss_spec.params,
-                        token_weight=token_weight[mb, :t] if token_weight is not None else None,
-                        selected=cov_selected[mb, :t] if cov_selected is not None else None)
-                    if loss_spec.nll_coef:  # VAPO's NLL term on positive-advantage samples
-                        loss_policy = loss_policy + loss_spec.nll_coef * losses.raft(
-                            logp, anchor, a, micro_mask, agg=loss_spec.agg, max_len=loss_spec.max_len,
-                            params=loss_spec.params)[0]
-                    loss = loss_policy
-                    kl_value = torch.zeros(())
-                    if ref_logp is not None:
-                        kl_value = agg(kl.estimator(logp, ref_logp[mb, :t]), micro_mask, loss_spec.max_len)
-                        if not kl.in_reward:
-                            loss = loss + kl_coef * kl_value
-                    entropy = agg(ent_tok, micro_mask, loss_spec.max_len)
-                    if loss_spec.entropy_coef:  # with token selection the bonus is on the kept tokens
-                        bonus = entropy if micro_selected is None else \
-                            agg(ent_tok * micro_selected, micro_mask, loss_spec.max_len)  # (same denominators)
-                        loss = loss - loss_spec.entropy_coef * bonus
+                    loss, values = micro_batch_loss(
+                        plan, logp, entropy, anchor, _rows(adv, mb, t), micro_mask, ref_logp=_rows(ref_logp, mb, t),
+                        kl_coef=kl_coef, token_weight=_rows(token_weight, mb, t), selected=_rows(selected, mb, t),
+                        cov_selected=_rows(cov_selected, mb, t))
                     if not torch.isfinite(loss):
                         raise Diverged(f"loss is {loss.item()} at epoch {epoch}")
-                    w = losses.micro_weight(loss_spec.agg, micro_mask, minibatch_mask, loss_spec.max_len, loss.dtype)
+                    w = losses.micro_weight(plan.loss.agg, micro_mask, minibatch_mask, plan.loss.max_len, loss.dtype)
                     (loss * w).backward()
                     w_tok = micro_mask.bool().sum() / minibatch_mask.bool().sum().clamp(min=1)
-                    parts.append((w, w_tok, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl_value,
-                                             "loss_entropy": entropy, **clip}))
-                    scores.append((logp.detach(), anchor, ent_tok.detach()))
+                    parts.append((w, w_tok, values))
+                    scores.append((logp.detach(), anchor, entropy.detach()))
             params = sharding.reduce_gradients(policy.module, params)  # ranks' sum; a NaN reaches every rank
             grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.grad_clip or float("inf"))
             check_finite("gradient norm", grad_norm)
@@ -142,3 +121,33 @@ def update(policy, optimizer, plan: StepPlan, rollout: Rollout, adv: Tensor, los
 
 
 SUMMED = ("loss", "loss_policy", "loss_kl", "loss_entropy")  # aggregated terms: micro-batches add up
+
+
+def _rows(x: Tensor | None, rows: Tensor, t: int) -> Tensor | None:
+    """A micro-batch's `rows` of x [N] or [N, T] (its first t columns); None stays None."""
+    return None if x is None else x[rows] if x.dim() == 1 else x[rows, :t]
+
+
+def micro_batch_loss(plan: StepPlan, logp: Tensor, entropy: Tensor, anchor: Tensor, adv: Tensor, mask: Tensor, *,
+                     ref_logp: Tensor | None = None, kl_coef: float = 0.0, token_weight: Tensor | None = None,
+                     selected: Tensor | None = None, cov_selected: Tensor | None = None
+                     ) -> tuple[Tensor, dict[str, Tensor]]:
+    """One micro-batch's loss, [n, t] inputs (`update`'s, a micro-batch's rows): the plan's policy loss,
+    VAPO's NLL term, the KL term (added when it belongs to the loss; measured either way) and the entropy
+    bonus (on the `selected` tokens only, with the same denominators); and the values it logs."""
+    spec, agg = plan.loss, losses.AGGREGATIONS[plan.loss.agg]
+    loss_policy, stats = spec.fn(logp, anchor, adv, mask, agg=spec.agg, max_len=spec.max_len, params=spec.params,
+                                 token_weight=token_weight, selected=cov_selected)
+    if spec.nll_coef:  # VAPO's NLL term on positive-advantage samples
+        loss_policy = loss_policy + spec.nll_coef * losses.raft(logp, anchor, adv, mask, agg=spec.agg,
+                                                                max_len=spec.max_len, params=spec.params)[0]
+    loss, kl = loss_policy, torch.zeros(())
+    if ref_logp is not None:
+        kl = agg(plan.kl.estimator(logp, ref_logp), mask, spec.max_len)
+        if not plan.kl.in_reward:
+            loss = loss + kl_coef * kl
+    mean_entropy = agg(entropy, mask, spec.max_len)
+    if spec.entropy_coef:
+        bonus = mean_entropy if selected is None else agg(entropy * selected, mask, spec.max_len)
+        loss = loss - spec.entropy_coef * bonus
+    return loss, {"loss": loss, "loss_policy": loss_policy, "loss_kl": kl, "loss_entropy": mean_entropy, **stats}
