@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 import torch
 
-from ablate.config import RecipeConfig, parse
+from ablate.config import AdvWhiten, RecipeConfig, parse
 from ablate.rl import losses
 from ablate.rl.corrections import IS_CORRECTIONS
 from ablate.train import recipes
@@ -157,6 +158,7 @@ def test_advantage_functions():
     assert plan(adv_whiten="gae", baseline="none", scale="none").critic.lr == parse({}).optim.lr
     assert plan(adv_whiten="gae", baseline="none", scale="none", critic_lr=1e-3).critic.lr == 1e-3
     assert plan().critic is None
+    assert set(recipes.TOKEN_ADVANTAGES) | {"gae"} == set(typing.get_args(AdvWhiten))  # 'gae': the critic
     adv, mask = torch.tensor([1.0, -1.0]), torch.ones(2, 3)
     assert plan().token_advantages(adv, rewards, None, 0.0, mask) is adv
     whitened = plan(adv_whiten="token").token_advantages(adv, rewards, None, 0.0, mask)
