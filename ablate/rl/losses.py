@@ -1,4 +1,5 @@
-"""Policy-loss components as pure tensor functions. docs/recipes.md, "Policy loss" to "Entropy bonus".
+"""Policy-loss components as pure tensor functions. docs/recipes.md, "Policy loss" to "Entropy bonus";
+the policy losses themselves are the registry `POLICY_LOSSES` (one signature, `PolicyLossFn`).
 
 Shapes: N completions, T completion positions (padded), V vocabulary. `mask` [N,T] is 1/True on
 completion tokens that count. Masked positions may hold any finite garbage: every function here
