@@ -38,10 +38,13 @@ from rich.console import Console
 from rich.table import Table
 
 from ablate.config import parse
-from ablate.rl.advantages import compute_advantages
 from ablate.tasks import make_task
+from ablate.train.data import PromptSampler
 from ablate.train.models import build_base_model, load_model, load_tokenizer
-from ablate.train.trainer import PromptStream, build_policy, collect, make_optimizer, sequence_logprobs, update
+from ablate.train.optim import make_optimizer
+from ablate.train.plan import plan_step
+from ablate.train.trainer import build_policy, collect
+from ablate.train.update import sequence_logprobs, update
 
 B, G, T = 16, 8, 16
 REPO = Path(__file__).resolve().parents[1]
@@ -66,20 +69,19 @@ class Ours:
         self.policy = build_policy(self.cfg, self.task, torch.device("cpu"))
         self.policy.eos_id = -1  # EOS becomes an ordinary token: all 128 rows run the full 16 tokens
         self.opt, self.sched = make_optimizer(self.policy.module, self.cfg)
-        self.stream = PromptStream(len(self.train), self.cfg.seed)
-        self.needs_old = self.cfg.recipe.update_epochs > 1 or self.cfg.recipe.minibatches > 1  # trainer's rule, KL off
+        self.stream = PromptSampler(len(self.train), self.cfg)
+        self.plan = plan_step(self.cfg, 1)  # no schedules: every step's plan but Clip-Cov's draw (unused here)
 
     def step(self) -> dict[str, float]:
-        r, cfg = self.cfg.recipe, self.cfg
+        plan = self.plan
         t0 = time.perf_counter()
-        batch = collect(self.policy, self.task, self.train, self.stream, cfg, self.policy.tokenizer, 0.0)
+        batch = collect(self.policy, self.task, self.train, self.stream, plan, self.policy.tokenizer)
         t1 = time.perf_counter()
-        old = sequence_logprobs(self.policy, batch.rollout, r.temperature) if self.needs_old else None
+        old = sequence_logprobs(self.policy, batch.rollout, plan.sampling.temperature) if plan.old_pass else None
         t2 = time.perf_counter()
         mask = batch.rollout.completion_mask
-        adv = compute_advantages(batch.rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof,
-                                 eps=r.std_eps).flatten()
-        update(self.policy, None, old, batch, adv, mask, self.opt, cfg)
+        adv = plan.advantages(batch.rewards).flatten()
+        update(self.policy, self.opt, plan, batch.rollout, adv, mask, old_logp=old if plan.anchor_on_old else None)
         self.sched.step()
         t3 = time.perf_counter()
         n_tok = int(mask.sum())

@@ -17,7 +17,8 @@ from ablate.runs.store import RunStore
 from ablate.tasks.toy import ToyPolicy, ToyTask
 from ablate.train.models import load_model, load_tokenizer
 from ablate.train.rollout import LMPolicy
-from ablate.train.trainer import sequence_logprobs, train
+from ablate.train.trainer import train
+from ablate.train.update import sequence_logprobs
 
 GOLDEN = Path(__file__).parent / "data" / "golden_sampler_v1.json"
 

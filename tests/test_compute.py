@@ -10,8 +10,10 @@ from ablate.config import parse
 from ablate.runs.store import RunStore
 from ablate.train import execution
 from ablate.train.models import merged_model
+from ablate.train.plan import plan_step
 from ablate.train.rollout import AdaptersOff, LMPolicy
-from ablate.train.trainer import Batch, build_policy, sequence_logprobs, train, update
+from ablate.train.trainer import build_policy, train
+from ablate.train.update import sequence_logprobs, update
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -63,7 +65,6 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
     ro = plain.sample(["7+8=", "12*3=", "5-2="], n=2, temperature=1.0, max_new_tokens=6)
     N = len(ro)
-    batch = Batch([], ro, *(torch.zeros(3, 2) for _ in range(4)))
     adv = torch.linspace(-1, 1, N, dtype=torch.float64)
     old = sequence_logprobs(plain, ro, 1.0) + 0.1
     cfg = parse({"recipe": {"group_size": 2, "entropy_coef": 0.01}, "optim": {"grad_clip": 0}})
@@ -73,8 +74,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     grads = []
     for policy in (plain, ckpt):
         torch.manual_seed(0)
-        update(policy, None, old, batch, adv, ro.completion_mask, torch.optim.SGD(policy.module.parameters(), lr=0.0),
-               cfg)
+        update(policy, torch.optim.SGD(policy.module.parameters(), lr=0.0), plan_step(cfg, 1), ro, adv,
+               ro.completion_mask, old_logp=old)
         grads.append(torch.cat([p.grad.flatten() for p in policy.module.parameters()]))
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)

@@ -14,8 +14,9 @@ from ablate.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     RATIO_LEVELS,
+    LossParams,
     importance_ratio,
-    policy_loss,
+    ppo_clip,
 )
 
 GROUP_BASELINES = ("group_mean", "leave_one_out")
@@ -144,8 +145,8 @@ def _loss_inputs(seed=0):
 
 def _loss_and_grad(logp, old, adv, m, level, agg, dual):
     logp = logp.clone().requires_grad_(True)
-    loss, stats = policy_loss(logp, old, adv, m, eps_low=0.2, eps_high=0.28, dual_clip=dual,
-                              ratio_level=level, agg=agg, max_len=T)
+    loss, stats = ppo_clip(logp, old, adv, m, agg=agg, max_len=T,
+                           params=LossParams(eps_low=0.2, eps_high=0.28, dual_clip=dual, ratio_level=level))
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, stats
 
@@ -228,8 +229,8 @@ def test_is_correction_on_policy_changes_nothing(name, level, agg):
     assert (w == 1).all() and torch.equal(keep, m) and stats["is_cap_frac"].item() == 0.0
     loss, grad, _ = _loss_and_grad(logp, old, adv, m, level, agg, None)
     lp = logp.clone().requires_grad_(True)
-    loss_w, _ = policy_loss(lp, old, adv, keep, eps_low=0.2, eps_high=0.28, ratio_level=level, agg=agg,
-                            max_len=T, is_weights=w)
+    loss_w, _ = ppo_clip(lp, old, adv, keep, agg=agg, max_len=T,
+                         params=LossParams(eps_low=0.2, eps_high=0.28, ratio_level=level), token_weight=w)
     (grad_w,) = torch.autograd.grad(loss_w, lp)
     assert_close(loss_w.detach(), loss, atol=0, rtol=0)
     assert_close(grad_w, grad, atol=0, rtol=0)
@@ -258,37 +259,60 @@ def test_is_correction_masked_positions_are_inert(name):
 
 # --- the policy-loss registry: every entry x aggregation x ratio level (where it has one) ------------
 
-from ablate.rl.losses import POLICY_LOSSES  # noqa: E402
+import dataclasses  # noqa: E402
+import inspect  # noqa: E402
+import typing  # noqa: E402
 
-LOSS_PARAMS = {
-    "ppo_clip": dict(eps_low=0.2, eps_high=0.28, dual_clip=None),
-    "cispo": dict(cispo_cap=1.5),
-    "gmpo": dict(eps_low=0.4, eps_high=0.4),
-    "sapo": dict(tau_pos=1.0, tau_neg=1.05),
-    "clip_cov": dict(eps_low=0.2, eps_high=0.28, clip_cov_ratio=0.2, clip_cov_lb=-10.0, clip_cov_ub=10.0),
-    "kl_cov": dict(kl_cov_frac=0.2, kl_cov_coef=1.0),
-    "gpg": {},
-    "delta": dict(eps_low=0.2, eps_high=0.28, delta=3.0),
-    "raft": {},
-}
-WITH_RATIO_LEVEL = {"ppo_clip", "cispo", "sapo", "delta"}
+from ablate.config import RATIO_LEVEL_LOSSES, PolicyLoss, RecipeConfig  # noqa: E402
+from ablate.rl.losses import COV_SELECTIONS, POLICY_LOSSES, PolicyLossFn, SelectionFn  # noqa: E402
+
+# one parameter set for every entry: each reads its own and ignores the others
+PARAMS = LossParams(eps_low=0.2, eps_high=0.28, cispo_cap=1.5, gmpo_eps=0.4, clip_cov_ratio=0.2, clip_cov_lb=-10.0,
+                    clip_cov_ub=10.0, kl_cov_frac=0.2, kl_cov_coef=1.0, delta=3.0)
 BATCH_STATISTICS = {"clip_cov", "kl_cov"}  # covariance means over the batch passed in
 LOSS_CASES = [(name, agg, level) for name in POLICY_LOSSES for agg in AGGREGATIONS
-              for level in (RATIO_LEVELS if name in WITH_RATIO_LEVEL else ["token"])]
+              for level in (RATIO_LEVELS if name in RATIO_LEVEL_LOSSES else ["token"])]
 
 
-def test_loss_params_cover_the_registry():
-    assert set(LOSS_PARAMS) == set(POLICY_LOSSES)
+def _signature(protocol) -> inspect.Signature:
+    sig = inspect.signature(protocol.__call__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])  # without self
 
 
-def _call(name, logp, old, adv, m, agg, level, **over):
-    params = {**LOSS_PARAMS[name], **over}
-    if name in WITH_RATIO_LEVEL:
-        params["ratio_level"] = level
-    if name == "clip_cov":
-        params["generator"] = torch.Generator().manual_seed(0)
+@pytest.mark.parametrize("name", list(POLICY_LOSSES))
+def test_every_entry_has_the_one_signature(name):
+    assert inspect.signature(POLICY_LOSSES[name]) == _signature(PolicyLossFn)
+    if name in COV_SELECTIONS:
+        assert inspect.signature(COV_SELECTIONS[name]) == _signature(SelectionFn)
+
+
+def test_config_names_are_the_registry():
+    assert list(typing.get_args(PolicyLoss)) == list(POLICY_LOSSES)
+    assert set(COV_SELECTIONS) == BATCH_STATISTICS and set(RATIO_LEVEL_LOSSES) <= set(POLICY_LOSSES)
+
+
+def test_loss_params_are_the_recipe_fields_with_their_defaults():
+    recipe = RecipeConfig()
+    for f in dataclasses.fields(LossParams):
+        if f.name != "generator":
+            assert getattr(LossParams(), f.name) == getattr(recipe, f.name), f.name
+
+
+def test_ratio_level_losses_are_the_entries_that_read_it():
+    # the config lets recipe.ratio_level='sequence' through for RATIO_LEVEL_LOSSES only: exactly the
+    # entries whose loss changes with it (ratios away from 1, so the levels differ)
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    for name in POLICY_LOSSES:
+        token, sequence = (_call(name, logp, old, adv, m, "token_mean", level)[0] for level in RATIO_LEVELS)
+        assert (name in RATIO_LEVEL_LOSSES) == (not torch.equal(token, sequence)), name
+
+
+def _call(name, logp, old, adv, m, agg, level, token_weight=None, selected=None, **over):
+    params = dataclasses.replace(PARAMS, ratio_level=level, generator=torch.Generator().manual_seed(0), **over)
     logp = logp.clone().requires_grad_(True)
-    loss, stats = POLICY_LOSSES[name](logp, old, adv, m, agg=agg, max_len=T, **params)
+    loss, stats = POLICY_LOSSES[name](logp, old, adv, m, agg=agg, max_len=T, params=params,
+                                      token_weight=token_weight, selected=selected)
     (grad,) = torch.autograd.grad(loss, logp, allow_unused=False)
     return loss.detach(), grad, stats
 
@@ -388,3 +412,47 @@ def test_row_split_rescaled_by_denominators_sums_to_the_batch_loss(name, agg, le
         total, grads = total + w * part, grads + [w * g]
     assert_close(total, full, atol=1e-12, rtol=0)
     assert_close(torch.cat(grads), grad, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name,agg,level", [c for c in LOSS_CASES if c[0] != "gmpo"])
+def test_every_token_level_loss_weights_its_tokens(name, agg, level):
+    # weight 1 everywhere is no weight; weight 0 on a row leaves that row without gradient (the
+    # denominators stay: the other rows' gradients are unchanged)
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    loss, grad, _ = _call(name, logp, old, adv, m, agg, level)
+    ones = _call(name, logp, old, adv, m, agg, level, token_weight=torch.ones(N, T, dtype=torch.float64))
+    assert_close(ones[0], loss, atol=0, rtol=0) and assert_close(ones[1], grad, atol=0, rtol=0)
+    row = int(grad.abs().sum(1).argmax())  # a row with gradient
+    w = torch.ones(N, T, dtype=torch.float64)
+    w[row] = 0.0
+    _, grad_w, _ = _call(name, logp, old, adv, m, agg, level, token_weight=w)
+    assert (grad_w[row] == 0).all() and grad[row].abs().sum() > 0
+    if name not in BATCH_STATISTICS:  # (a selection reads the whole batch, weights or not)
+        keep = torch.arange(N) != row
+        assert_close(grad_w[keep], grad[keep], atol=1e-12, rtol=0)
+
+
+def test_gmpo_refuses_token_weights():
+    logp, old, adv = _loss_inputs()
+    with pytest.raises(ValueError, match="sequence-level"):
+        _call("gmpo", logp, old, adv, _mask(), "token_mean", "token", token_weight=torch.ones(N, T))
+
+
+@pytest.mark.parametrize("name", list(POLICY_LOSSES))
+def test_selected_is_the_entrys_own_selection_or_ignored(name):
+    # an entry with a batch-level selection given its own selection (made over the same batch) computes
+    # what it computes alone; an entry without one ignores `selected`
+    logp, old, adv = _loss_inputs()
+    m = _mask()
+    alone = _call(name, logp, old, adv, m, "token_mean", "token")
+    if name in COV_SELECTIONS:
+        params = dataclasses.replace(PARAMS, generator=torch.Generator().manual_seed(0))
+        selected = COV_SELECTIONS[name](logp, old, adv, m, params)
+        assert selected.any() and not (selected & ~m).any()
+        nothing = _call(name, logp, old, adv, m, "token_mean", "token", selected=torch.zeros_like(m))
+        assert not torch.equal(nothing[1], alone[1])  # the selection passed in is the one used
+    else:
+        selected = torch.rand(N, T, generator=torch.Generator().manual_seed(4)) < 0.5
+    given = _call(name, logp, old, adv, m, "token_mean", "token", selected=selected)
+    assert_close(given[0], alone[0], atol=0, rtol=0) and assert_close(given[1], alone[1], atol=0, rtol=0)

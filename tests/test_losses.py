@@ -9,10 +9,10 @@ from torch.testing import assert_close
 from ablate.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    LossParams,
     entropy_from_logits,
     importance_ratio,
-    kl_penalty,
-    policy_loss,
+    ppo_clip,
     token_logprobs,
 )
 
@@ -20,12 +20,12 @@ D = torch.float64
 EXACT = {"atol": 1e-12, "rtol": 0}
 
 
-def one_token_loss(p_old, p_new, a, **kw):
+def one_token_loss(p_old, p_new, a, **params):
     """Loss and d loss / d logp for a single token (N=1, T=1)."""
     logp = torch.tensor([[math.log(p_new)]], dtype=D, requires_grad=True)
     old = torch.tensor([[math.log(p_old)]], dtype=D)
-    kw = {"eps_low": 0.2, "eps_high": 0.2, "max_len": 1, **kw}
-    loss, stats = policy_loss(logp, old, torch.tensor([a], dtype=D), torch.ones(1, 1, dtype=torch.bool), **kw)
+    loss, stats = ppo_clip(logp, old, torch.tensor([a], dtype=D), torch.ones(1, 1, dtype=torch.bool),
+                           agg="seq_mean_token_mean", max_len=1, params=LossParams(**params))
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.item(), grad.item(), stats
 
@@ -82,12 +82,6 @@ REF = torch.tensor([[-0.5, -2.0, -2.0]], dtype=D)  # d = ref - logp = [0.5, -1, 
 def test_kl_estimators_hand_example(name, expected):
     exp = torch.tensor([expected], dtype=D)
     assert_close(KL_ESTIMATORS[name](LOGP, REF), exp, **EXACT)
-    assert_close(kl_penalty(LOGP, REF, name), exp, **EXACT)
-
-
-def test_kl_unknown_estimator():
-    with pytest.raises(ValueError, match="k1, k2, k3"):
-        kl_penalty(LOGP, REF, "k4")
 
 
 # --- aggregations: values 2x3 with mask [[1,1,0],[1,0,0]] --------------------------------------
@@ -194,7 +188,7 @@ def test_policy_loss_aggregates_with_agg_and_stats_over_tokens():
               "token_mean": (-1 - 1 + 3) / 3,  # 1/3
               "seq_mean_token_sum_norm": (-2 / 4 + 3 / 4) / 2}  # 1/8
     for agg, value in expect.items():
-        loss, stats = policy_loss(logp, logp, adv, MASK, eps_low=0.2, eps_high=0.2, agg=agg, max_len=4)
+        loss, stats = ppo_clip(logp, logp, adv, MASK, agg=agg, max_len=4, params=LossParams())
         assert_close(loss, torch.tensor(value, dtype=D), **EXACT)
         assert stats["ratio_mean"].item() == 1.0 and stats["clip_frac"].item() == 0.0
         assert all(not v.requires_grad and v.dim() == 0 for v in stats.values())
@@ -203,9 +197,9 @@ def test_policy_loss_aggregates_with_agg_and_stats_over_tokens():
 def test_policy_loss_rejects_bad_options():
     z, m, a = torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1)
     with pytest.raises(ValueError, match="token_mean"):
-        policy_loss(z, z, a, m, eps_low=0.2, eps_high=0.2, agg="sum", max_len=2)
+        ppo_clip(z, z, a, m, agg="sum", max_len=2, params=LossParams())
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(z, z, a, m, eps_low=0.2, eps_high=0.2, dual_clip=0.5, max_len=2)
+        ppo_clip(z, z, a, m, agg="token_mean", max_len=2, params=LossParams(dual_clip=0.5))
 
 
 def test_registry_names_match_config_literals():

@@ -15,8 +15,10 @@ from ablate.rl.losses import AGG_NORMALISERS, AGGREGATIONS, RATIO_LEVELS
 from ablate.runs.store import RunStore
 from ablate.train import execution
 from ablate.train.models import build_tokenizer
+from ablate.train.plan import plan_step
 from ablate.train.rollout import LMPolicy
-from ablate.train.trainer import Batch, sequence_logprobs, train, update
+from ablate.train.trainer import train
+from ablate.train.update import sequence_logprobs, update
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,17 +59,18 @@ def rollout_case():
     adv = torch.randn(N, generator=g, dtype=torch.float64)
     loss_mask = rollout.completion_mask.clone()
     loss_mask[1] = 0  # an excluded (e.g. truncated) completion: an empty row
-    batch = Batch([], rollout, *(torch.zeros(4, 3) for _ in range(4)))
-    return policy, batch, old, ref, adv, loss_mask
+    return policy, rollout, old, ref, adv, loss_mask
 
 
-def run_update(policy, batch, old, ref, adv, mask, budget, **recipe):
+def run_update(policy, rollout, old, ref, adv, mask, budget, **recipe):
     cfg = parse({"recipe": {"group_size": 3, "max_new_tokens": 8, **recipe}, "optim": {"grad_clip": 0},
                  "compute": {"micro_batch_tokens": budget}})
     params = list(policy.module.parameters())
     opt = torch.optim.SGD(params, lr=0.0)  # lr 0: the weights stay, the accumulated gradient stays in .grad
     torch.manual_seed(0)  # the minibatch permutation
-    logs, _ = update(policy, ref, old, batch, adv, mask, opt, cfg)
+    plan = plan_step(cfg, 1)
+    logs, _ = update(policy, opt, plan, rollout, adv, mask, old_logp=old, ref_logp=ref,
+                     kl_coef=plan.kl.coef if plan.kl else 0.0)
     return logs, torch.cat([p.grad.flatten() for p in params])
 
 
@@ -76,14 +79,14 @@ GRID = list(itertools.product(AGGREGATIONS, RATIO_LEVELS, ("off", "loss", "rewar
 
 @pytest.mark.parametrize("agg,ratio,kl,entropy", GRID)
 def test_accumulated_gradient_equals_one_pass(rollout_case, agg, ratio, kl, entropy):
-    policy, batch, old, ref, adv, mask = rollout_case
+    policy, rollout, old, ref, adv, mask = rollout_case
     recipe = dict(loss_agg=agg, ratio_level=ratio, entropy_coef=entropy, eps_low=0.2, eps_high=0.28,
                   kl_coef=0.0 if kl == "off" else 0.1, kl_placement="loss" if kl == "off" else kl)
     ref_logp = None if kl == "off" else ref
-    one_logs, one_grad = run_update(policy, batch, old, ref_logp, adv, mask, 0, **recipe)
+    one_logs, one_grad = run_update(policy, rollout, old, ref_logp, adv, mask, 0, **recipe)
     # 24 tokens per micro-batch: 2-3 rows each, so 4+ micro-batches of different sizes
-    micro_logs, micro_grad = run_update(policy, batch, old, ref_logp, adv, mask, 24, **recipe)
-    parts = list(execution.micro_batches(batch.rollout, torch.arange(len(batch.rollout)), 24))
+    micro_logs, micro_grad = run_update(policy, rollout, old, ref_logp, adv, mask, 24, **recipe)
+    parts = list(execution.micro_batches(rollout, torch.arange(len(rollout)), 24))
     assert len(parts) >= 4 and len({len(i) for i, _ in parts}) >= 2
     assert one_grad.abs().max() > 0
     rel = (micro_grad - one_grad).norm() / one_grad.norm()
@@ -98,7 +101,7 @@ def test_accumulated_gradient_equals_one_pass(rollout_case, agg, ratio, kl, entr
 
 def test_dividing_each_micro_batch_by_its_own_count_would_differ(rollout_case):
     """The guard: with its own normaliser per micro-batch (the common bug) token_mean reweights rows."""
-    policy, batch, old, ref, adv, mask = rollout_case
+    policy, rollout, old, ref, adv, mask = rollout_case
     values = torch.randn(mask.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     whole = AGGREGATIONS["token_mean"](values, mask, 8)
     parts = [(values[:4], mask[:4]), (values[4:], mask[4:])]
@@ -132,10 +135,10 @@ def test_pack_keeps_order_and_budget():
 
 
 def test_no_grad_pass_in_micro_batches_equals_one_pass(rollout_case):
-    policy, batch, *_ = rollout_case
-    whole = sequence_logprobs(policy, batch.rollout, 0.7)
+    policy, rollout, *_ = rollout_case
+    whole = sequence_logprobs(policy, rollout, 0.7)
     for budget in (1, 24, 40):
-        torch.testing.assert_close(sequence_logprobs(policy, batch.rollout, 0.7, budget), whole,
+        torch.testing.assert_close(sequence_logprobs(policy, rollout, 0.7, budget), whole,
                                    rtol=1e-12, atol=1e-12)
 
 
@@ -162,8 +165,7 @@ def test_chunked_logprobs_equal_full_vocabulary_ones():
 def test_token_scores_match_the_full_logits_path(rollout_case):
     """The trainer's scoring (hidden states, lm-head per chunk, generated positions only) gives the
     same values as log-softmax over the policy's full [N, T, V] logits."""
-    policy, batch, *_ = rollout_case
-    ro = batch.rollout
+    policy, ro, *_ = rollout_case
     m = ro.completion_mask.bool()
     with torch.no_grad():
         logits = policy.logits(ro)

@@ -11,6 +11,8 @@ from ablate.config import ConfigError, load
 from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
 from ablate.train import offpolicy
+from ablate.train.data import PromptSampler
+from ablate.train.plan import plan_step
 
 
 def toy(*overrides):
@@ -95,7 +97,8 @@ def test_pending_batches_round_trip_through_plain_data():
     task = trainer.make_task(cfg.task)
     policy = trainer.build_policy(cfg, task, torch.device("cpu"))
     torch.manual_seed(0)
-    batch = trainer.collect(policy, task, task.problems("train"), trainer.PromptStream(64, 0), cfg, None, 0.0)
+    train = task.problems("train")
+    batch = trainer.collect(policy, task, train, PromptSampler(len(train), cfg), plan_step(cfg, 1), None)
     state = offpolicy.pending_state(offpolicy.Pending([(batch, None, 7)]))
     (back, greedy, version), = offpolicy.pending_from_state(state, trainer.Batch)
     assert greedy is None and version == 7 and back.problems == batch.problems and back.rounds == batch.rounds

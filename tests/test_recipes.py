@@ -1,18 +1,17 @@
 """Recipe keys of the policy-loss registry, token selection, advantage shaping and reward controls:
 config validation, the trainer glue (ablate/train/recipes.py) and short toy runs through the real loop."""
 
-import inspect
-
 import pytest
 import torch
 from torch.testing import assert_close
 
 import ablate.train.trainer as trainer
-from ablate.config import ConfigError, RecipeConfig, load, parse
+from ablate.config import ConfigError, load, parse
 from ablate.rl.losses import POLICY_LOSSES
 from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
 from ablate.train import recipes
+from ablate.train.plan import plan_step
 
 
 def toy(*overrides):
@@ -62,22 +61,6 @@ def test_valid_recipes_parse():
 
 # --- glue ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(POLICY_LOSSES))
-def test_params_are_exactly_the_entry_keywords(name):
-    params = recipes.policy_loss_params(RecipeConfig(policy_loss=name), seed=0, step=1)
-    kwonly = {p.name for p in inspect.signature(POLICY_LOSSES[name]).parameters.values()
-              if p.kind is p.KEYWORD_ONLY} - {"agg", "max_len", "token_weight"}
-    assert set(params) <= kwonly
-    required = {p.name for p in inspect.signature(POLICY_LOSSES[name]).parameters.values()
-                if p.kind is p.KEYWORD_ONLY and p.default is p.empty} - {"agg", "max_len"}
-    assert required <= set(params)
-
-
-def test_default_params_are_todays_policy_loss():
-    assert recipes.policy_loss_params(RecipeConfig()) == dict(eps_low=0.2, eps_high=0.2, dual_clip=None,
-                                                              ratio_level="token")
-
-
 def test_step_generator_depends_on_seed_and_step_only():
     draw = lambda s, t: torch.randperm(100, generator=recipes.step_generator(s, t))  # noqa: E731
     assert torch.equal(draw(0, 3), draw(0, 3))
@@ -86,17 +69,19 @@ def test_step_generator_depends_on_seed_and_step_only():
 
 def test_shape_advantages_hand_example():
     adv = torch.tensor([2.0, -3.0, 0.0, 0.5])
-    assert torch.equal(recipes.shape_advantages(adv, RecipeConfig()), adv)
-    r = RecipeConfig(pos_adv_weight=0.5, neg_adv_weight=2.0, adv_clip=2.5)
-    assert_close(recipes.shape_advantages(adv, r), torch.tensor([1.0, -2.5, 0.0, 0.25]), atol=0, rtol=0)
+    assert torch.equal(recipes.shape_advantages(adv, pos_weight=1.0, neg_weight=1.0, clip=None), adv)
+    assert_close(recipes.shape_advantages(adv, pos_weight=0.5, neg_weight=2.0, clip=2.5),
+                 torch.tensor([1.0, -2.5, 0.0, 0.25]), atol=0, rtol=0)
+    shape = plan_step(parse({"recipe": {"pos_adv_weight": 0.5, "neg_adv_weight": 2.0, "adv_clip": 2.5}}), 1)
+    assert_close(shape.shape_advantages(adv), torch.tensor([1.0, -2.5, 0.0, 0.25]), atol=0, rtol=0)
 
 
-def test_token_weight_only_with_top_entropy():
-    entropies = torch.rand(3, 5)
-    mask = torch.ones(3, 5, dtype=torch.bool)
-    assert recipes.token_weight(RecipeConfig(), entropies, mask) == {}
-    keep = recipes.token_weight(RecipeConfig(token_selection="top_entropy"), entropies, mask)["token_weight"]
-    assert int(keep.sum()) == 3  # 20 % of 15 tokens, distinct entropies
+def test_token_weight_is_the_selection_times_the_is_weights():
+    selected = torch.tensor([[True, False], [True, True]])
+    w = torch.tensor([[0.5, 2.0], [1.0, 0.25]], requires_grad=True)
+    assert recipes.token_weight(None, None) is None and recipes.token_weight(selected, None) is selected
+    assert_close(recipes.token_weight(None, w), w.detach()) and not recipes.token_weight(None, w).requires_grad
+    assert_close(recipes.token_weight(selected, w), torch.tensor([[0.5, 0.0], [1.0, 0.25]]), atol=0, rtol=0)
 
 
 # --- toy runs through the real loop ------------------------------------------------------------

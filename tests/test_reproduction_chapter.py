@@ -20,7 +20,8 @@ from conftest import crash_training_at
 from ablate.config import ConfigError, load
 from ablate.runs.store import RunStore
 from ablate.tasks.toy import build_policy, build_task, chapter_instance
-from ablate.train.trainer import NormalizedSGD, train
+from ablate.train.optim import NormalizedSGD
+from ablate.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("chapter_run", ROOT / "reproductions/rlvr_chapter_toy/run.py")

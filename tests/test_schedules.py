@@ -5,8 +5,9 @@ import pytest
 
 import ablate.train.trainer as trainer
 from ablate.config import ConfigError, Schedule, Stage, load, parse, run_id, to_dict
-from ablate.rl.schedules import SCHEDULES, at_step, constant, linear, stages, value_at
+from ablate.rl.schedules import SCHEDULES, constant, linear, max_new_tokens_at, stages, temperature_at, value_at
 from ablate.runs.store import RunStore
+from ablate.train.plan import plan_step
 
 
 def test_constant_linear_stages_by_hand():
@@ -25,13 +26,15 @@ def test_every_schedule_kind_stays_within_its_values(kind):
     assert all(1.0 <= v <= 3.0 for v in vals) and vals[0] == SCHEDULES[kind](s, 1)
 
 
-def test_at_step_resolves_and_a_plain_number_is_untouched():
-    plain = parse({})
-    assert at_step(plain, 5) is plain
+def test_values_at_a_step_and_a_plain_number_is_itself():
+    plain = parse({"recipe": {"temperature": 0.9, "max_new_tokens": 7}}).recipe
+    assert temperature_at(plain, 5) == 0.9 and max_new_tokens_at(plain, 5) == 7
     cfg = parse({"recipe": {"temperature": {"kind": "linear", "start": 0.5, "end": 1.0, "steps": 3},
                             "max_new_tokens": {"kind": "linear", "start": 4, "end": 9, "steps": 3}}})
-    r2 = at_step(cfg, 2).recipe
-    assert r2.temperature == 0.75 and r2.max_new_tokens == 6 and type(r2.max_new_tokens) is int  # 6.5 -> 6
+    t2, n2 = temperature_at(cfg.recipe, 2), max_new_tokens_at(cfg.recipe, 2)
+    assert t2 == 0.75 and n2 == 6 and type(n2) is int  # 6.5 -> 6
+    plan = plan_step(cfg, 2)  # what the step samples with, and the loss's constant length
+    assert (plan.sampling.temperature, plan.sampling.max_new_tokens, plan.loss.max_len) == (0.75, 6, 6)
     assert to_dict(parse({"recipe": {"temperature": 0.9}}))["recipe"]["temperature"] == 0.9  # run id input
     assert run_id(parse({"recipe": {"temperature": 0.9}})) == run_id(parse({"recipe": {"temperature": 0.9}}))
 

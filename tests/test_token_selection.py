@@ -3,13 +3,13 @@ batch, and independent of how a step is split into micro-batches; the entropy bo
 
 import pytest
 import torch
-from torch.testing import assert_close
 
 import ablate.train.trainer as trainer
-from ablate.config import RecipeConfig, load
+from ablate.config import load, parse
 from ablate.rl import losses
 from ablate.runs.store import RunStore
-from ablate.train import recipes
+from ablate.train.plan import plan_step
+from ablate.train.update import update
 
 f64 = torch.float64
 # the shared test batch: N = 2, T = 4, row 0 has 3 tokens
@@ -35,17 +35,18 @@ def test_cov_losses_split_by_rows_with_the_whole_batch_selection(name, params):
     """Each row alone as a micro-batch, its loss rescaled by its share of tokens (token mean): with the
     selection of the whole batch passed in, the sum is the one-pass loss; selecting per micro-batch
     (the loss's own fallback) picks a token in row 0 as well and is not."""
-    whole, _ = losses.POLICY_LOSSES[name](NEW, OLD, ADV, MASK, agg="token_mean", max_len=4, **params)
-    sel = losses.COV_SELECTIONS[name](NEW, OLD, ADV, MASK, **params, generator=torch.Generator().manual_seed(0))
+    params = losses.LossParams(**params)
+    whole, _ = losses.POLICY_LOSSES[name](NEW, OLD, ADV, MASK, agg="token_mean", max_len=4, params=params)
+    sel = losses.COV_SELECTIONS[name](NEW, OLD, ADV, MASK, params)
     assert sel.sum() == 1 and sel[1, 0]  # the worked example's token (1, 0)
 
     def split(selected):
         total = 0.0
         for i in range(2):
             m = MASK[i:i + 1]
-            extra = {} if selected is None else {"selected": selected[i:i + 1]}
             loss, _ = losses.POLICY_LOSSES[name](NEW[i:i + 1], OLD[i:i + 1], ADV[i:i + 1], m, agg="token_mean",
-                                                 max_len=4, **params, **extra)
+                                                 max_len=4, params=params,
+                                                 selected=None if selected is None else selected[i:i + 1])
             total += loss * losses.micro_weight("token_mean", m, MASK, 4, f64)
         return float(total)
 
@@ -104,10 +105,11 @@ def _toy_update(selected, entropy_coef):
     task = ToyTask(cfg.task)
     policy = ToyPolicy(task)
     ro = policy.sample([p.prompt for p in task.problems("train")[:4]], 2, 1.0, 2)
-    batch = trainer.Batch([], ro, *(torch.zeros(4, 2) for _ in range(4)))
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)
     before = [p.detach().clone() for p in policy.parameters()]
-    trainer.update(policy, None, None, batch, torch.zeros(8), ro.completion_mask, opt, cfg, selected=selected)
+    # as the loop passes them: the selection weights the loss and carries the entropy bonus
+    update(policy, opt, plan_step(cfg, 1), ro, torch.zeros(8), ro.completion_mask, token_weight=selected,
+           selected=selected)
     return sum(float((p.detach() - b).abs().sum()) for p, b in zip(policy.parameters(), before))
 
 
@@ -118,10 +120,10 @@ def test_entropy_bonus_only_on_the_selected_tokens():
     assert _toy_update(first, 0.1) > 0.0
 
 
-def test_select_tokens_reads_the_recipe():
+def test_the_plan_selects_tokens_by_the_recipe():
     h = torch.tensor([[0.10, 0.30, 2.00, 9.0], [0.05, 0.20, 1.50, 0.90]])
-    assert recipes.select_tokens(RecipeConfig(), h, MASK) is None and not recipes.needs_entropies(RecipeConfig())
-    r = RecipeConfig(token_selection="top_entropy")
-    assert recipes.needs_entropies(r)
-    assert recipes.select_tokens(r, h, MASK).equal(torch.tensor([[0, 0, 1, 0], [0, 0, 1, 0]], dtype=torch.bool))
-    assert_close(recipes.token_weight(r, None, MASK, selected=MASK)["token_weight"], MASK)
+    plain = plan_step(parse({}), 1)
+    assert plain.select_tokens is None and not plain.old_entropies
+    top = plan_step(parse({"recipe": {"token_selection": "top_entropy"}}), 1)
+    assert top.old_entropies and top.old_pass  # the old pass's entropies choose
+    assert top.select_tokens(h, MASK).equal(torch.tensor([[0, 0, 1, 0], [0, 0, 1, 0]], dtype=torch.bool))

@@ -7,8 +7,10 @@ from conftest import crash_training_at
 
 import ablate.train.trainer as trainer
 from ablate.config import load
+from ablate.rl import losses
 from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
+from ablate.train.data import PromptSampler
 
 
 def toy(*overrides):
@@ -67,9 +69,10 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path):
 
 
 def test_paired_runs_see_the_same_prompts():
-    stream_a, stream_b = trainer.PromptStream(64, seed=3), trainer.PromptStream(64, seed=3)
+    a, b = toy("seed=3"), toy("seed=3", "recipe.policy_loss=cispo", "recipe.scale=batch")  # other toggles
+    stream_a, stream_b = PromptSampler(64, a), PromptSampler(64, b)
     assert stream_a.take(100) == stream_b.take(100)
-    assert sorted(trainer.PromptStream(64, seed=3).take(64)) == list(range(64))  # each epoch is a permutation
+    assert sorted(PromptSampler(64, a).take(64)) == list(range(64))  # each epoch is a permutation
 
 
 def test_every_logged_metric_is_defined(tmp_path):
@@ -95,7 +98,7 @@ def test_resume_after_crash_loses_and_repeats_no_step(tmp_path, monkeypatch):
 
 
 def test_nan_loss_marks_run_diverged(tmp_path, monkeypatch):
-    real = trainer.losses.policy_loss
+    real = losses.POLICY_LOSSES["ppo_clip"]
     calls = {"n": 0}
 
     def nan_on_third_step(*args, **kwargs):
@@ -103,7 +106,7 @@ def test_nan_loss_marks_run_diverged(tmp_path, monkeypatch):
         loss, stats = real(*args, **kwargs)
         return (loss * float("nan") if calls["n"] == 3 else loss), stats
 
-    monkeypatch.setattr(trainer.losses, "policy_loss", nan_on_third_step)
+    monkeypatch.setitem(losses.POLICY_LOSSES, "ppo_clip", nan_on_third_step)
     assert trainer.train(toy("steps=10"), str(tmp_path), progress=False) == "diverged"
     status = RunStore(tmp_path).status()
     assert status["state"] == "diverged" and status["step"] == 3

@@ -127,14 +127,6 @@ IS_CORRECTIONS: dict[str, Correction] = {
 }
 
 
-def is_correction(name: str, old_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, cap: float = 2.0,
-                  lo: float | None = None, hi: float | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Look up `name` and apply it: (weights [N,T], keep [N,T] bool, stats)."""
-    if name not in IS_CORRECTIONS:
-        raise ValueError(f"unknown IS correction {name!r}; allowed: {', '.join(IS_CORRECTIONS)}")
-    return IS_CORRECTIONS[name](old_logp, behav_logp, mask, cap=cap, lo=lo, hi=hi)
-
-
 # --- mismatch metrics (detached, over the counted tokens of `mask`) ---------------------------------
 
 def _ess_frac(x: Tensor, m: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""Policy-loss components as pure tensor functions. docs/recipes.md, "Policy loss" to "Entropy bonus".
+"""Policy-loss components as pure tensor functions. docs/recipes.md, "Policy loss" to "Entropy bonus";
+the policy losses themselves are the registry `POLICY_LOSSES` (one signature, `PolicyLossFn`).
 
 Shapes: N completions, T completion positions (padded), V vocabulary. `mask` [N,T] is 1/True on
 completion tokens that count. Masked positions may hold any finite garbage: every function here
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -126,11 +128,6 @@ def _k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
-    """Per-token KL estimate [N,T]; the trainer aggregates it (loss) or sums it into rewards."""
-    return _lookup(KL_ESTIMATORS, estimator, "KL estimator")(logp, ref_logp)
-
-
 # --- aggregation: fn(values[N,T], mask[N,T], max_len) -> scalar -----------------------------------
 
 def _seq_mean_token_mean(values: Tensor, mask: Tensor, max_len: int) -> Tensor:
@@ -244,78 +241,22 @@ def _weighted(per_token: Tensor, token_weight: Tensor | None) -> Tensor:
     return per_token if token_weight is None else per_token * token_weight.to(per_token.dtype)
 
 
-# --- clipped surrogate ----------------------------------------------------------------------------
-
-def policy_loss(
-    logp: Tensor,  # [N,T] current policy, requires grad
-    old_logp: Tensor,  # [N,T] behaviour policy
-    advantages: Tensor,  # [N] one per completion, or [N,T] per token (REINFORCE++)
-    mask: Tensor,  # [N,T]
-    *,
-    eps_low: float,
-    eps_high: float,
-    dual_clip: float | None = None,
-    ratio_level: str = "token",
-    agg: str = "seq_mean_token_mean",
-    max_len: int,
-    is_weights: Tensor | None = None,  # [N,T] detached IS weights (ablate/rl/corrections.py); None = 1
-    token_weight: Tensor | None = None,  # [N,T] multiplies l before aggregation (top-entropy mask)
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate, l = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A), aggregated by `agg`.
-
-    dual_clip c > 1 (Ye et al. 2020): for A < 0 the objective is max(min(...), c*A), bounding the
-    loss when rho is huge on a negative-advantage token. Stats are detached means over counted tokens
-    (token-weighted whatever `agg` is): clip_frac_low (rho < 1-eps_low, A<0), clip_frac_high
-    (rho > 1+eps_high, A>0), clip_frac (either), dual_clip_frac (rho > c, A<0; 0 when off),
-    ratio_mean, ratio_max (0 when no token counts). `token_weight` scales each token's loss and leaves
-    the denominators alone (None = weight 1 everywhere).
-
-    `is_weights` (decoupled off-policy correction): l_it := sg(w_hat_it) * l_it, where w_hat corrects
-    for the tokens having been sampled by the behaviour policy rather than by pi_old; the clip statistics
-    still describe rho = pi/pi_old.
-    """
-    agg_fn = _lookup(AGGREGATIONS, agg, "loss aggregation")
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    m = mask.bool()
-    rho = importance_ratio(logp, old_logp, m, ratio_level)  # [N,T]
-    adv = token_advantages(advantages, rho)  # [N,1] or [N,T]
-    clipped = rho.clamp(1 - eps_low, 1 + eps_high)
-    obj = torch.minimum(rho * adv, clipped * adv)
-    if dual_clip is not None:
-        obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)
-    if is_weights is not None:
-        obj = obj * is_weights.detach().to(obj.dtype)
-    loss = agg_fn(_weighted(-obj, token_weight), m, max_len)
-
-    with torch.no_grad():
-        low = (rho < 1 - eps_low) & (adv < 0)
-        high = (rho > 1 + eps_high) & (adv > 0)
-        dual = (rho > dual_clip) & (adv < 0) if dual_clip is not None else torch.zeros_like(m)
-        # -inf where masked, then clamp: 0 (not -inf) when no token counts, and no host sync
-        ratio_max = torch.where(m, rho, torch.full_like(rho, -torch.inf)).amax().clamp(min=0)
-        stats = {
-            "clip_frac_low": masked_mean(low.float(), m),
-            "clip_frac_high": masked_mean(high.float(), m),
-            "clip_frac": masked_mean((low | high).float(), m),
-            "dual_clip_frac": masked_mean(dual.float(), m),
-            "ratio_mean": masked_mean(rho, m),
-            "ratio_max": ratio_max,
-        }
-    return loss, {k: v.detach() for k, v in stats.items()}
-
-
-# --- policy-loss registry ---------------------------------------------------------------------------
-# Every entry: fn(logp[N,T], old_logp[N,T], advantages[N] or [N,T], mask[N,T], *, agg, max_len, **params)
-# -> (loss, stats). `params` are the entry's own keyword arguments (the trainer builds them from the
-# recipe in one place). Each per-token loss is aggregated with AGGREGATIONS[agg] over `mask`, so a
-# micro-batch's loss scaled by (micro denominator / minibatch denominator) sums to the minibatch loss;
-# GMPO has its own aggregation (mean over non-empty rows, the denominator of `seq_mean_token_mean`).
-# Stats are detached scalars; every entry reports ratio_mean and ratio_max.
-
 def _ratio_stats(rho: Tensor, m: Tensor) -> dict[str, Tensor]:
+    # -inf where masked, then clamp: 0 (not -inf) when no token counts, and no host sync
     ratio_max = torch.where(m, rho, torch.full_like(rho, -torch.inf)).amax().clamp(min=0)
     return {"ratio_mean": masked_mean(rho, m), "ratio_max": ratio_max}
+
+
+@torch.no_grad()
+def clip_stats(x: Tensor, adv: Tensor, mask: Tensor, low: float, high: float) -> tuple[dict[str, Tensor], Tensor]:
+    """PPO's one-sided clip of x (the ratio, or GMPO's log-ratio) to (low, high): the tokens it clips, bool
+    [N,T] (x < low where A < 0, x > high where A > 0: the surrogate is flat there), and their shares over
+    the counted tokens of `mask`: clip_frac_low, clip_frac_high, clip_frac (either)."""
+    below, above = (x < low) & (adv < 0), (x > high) & (adv > 0)
+    clipped = below | above
+    m = mask.bool()
+    return {"clip_frac_low": masked_mean(below.float(), m), "clip_frac_high": masked_mean(above.float(), m),
+            "clip_frac": masked_mean(clipped.float(), m)}, clipped
 
 
 def _covariance(logp: Tensor, advantages: Tensor, m: Tensor) -> Tensor:
@@ -330,15 +271,120 @@ def _covariance(logp: Tensor, advantages: Tensor, m: Tensor) -> Tensor:
     return _zero_where_masked(cov, m)
 
 
-def ppo_clip(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float,
-             dual_clip: float | None = None, ratio_level: str = "token", token_weight: Tensor | None = None):
-    """The PPO clipped surrogate: exactly `policy_loss` (looked up at call time)."""
-    return policy_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
-                       ratio_level=ratio_level, agg=agg, max_len=max_len, token_weight=token_weight)
+# --- the policy-loss registry ---------------------------------------------------------------------
+# Every entry has one signature (`PolicyLossFn`), registered with `@register_policy_loss(name)`: it takes
+# every keyword and ignores what it does not use. Each per-token loss is aggregated with
+# AGGREGATIONS[agg] over `mask`, so a micro-batch's loss scaled by (micro denominator / minibatch
+# denominator) sums to the minibatch loss; GMPO has its own aggregation (mean over non-empty rows, the
+# denominator of `seq_mean_token_mean`). Stats are detached scalars; every entry reports ratio_mean and
+# ratio_max. The config's `recipe.policy_loss` names are the registry's keys (tests/test_conformance.py).
+
+@dataclass(frozen=True)
+class LossParams:
+    """The parameters of every policy loss: the `recipe.*` fields of the same names (and their defaults,
+    tests/test_conformance.py), of which each entry reads its own; `generator` draws Clip-Cov's tokens
+    (ablate/train/plan.py seeds one per step)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    ratio_level: str = "token"
+    cispo_cap: float = 5.0
+    gmpo_eps: float = 0.4
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_frac: float = 2e-3
+    kl_cov_coef: float = 1.0
+    delta: float = 4.0
+    generator: torch.Generator | None = None
 
 
-def cispo(logp, old_logp, advantages, mask, *, agg, max_len, cispo_cap: float, ratio_level: str = "token",
-          token_weight: Tensor | None = None):
+class PolicyLossFn(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,  # [N,T] current policy, requires grad
+        old_logp: Tensor,  # [N,T] the ratio's anchor pi_old
+        advantages: Tensor,  # [N] one per completion, or [N,T] per token (REINFORCE++, GAE)
+        mask: Tensor,  # [N,T] counted tokens
+        *,
+        agg: str,  # AGGREGATIONS key
+        max_len: int,  # the aggregation's constant length
+        params: LossParams,
+        token_weight: Tensor | None = None,  # [N,T] multiplies each token's loss, not the denominators
+        selected: Tensor | None = None,  # [N,T] a batch-level selection made over the whole minibatch
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+class SelectionFn(Protocol):
+    def __call__(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, params: LossParams
+                 ) -> Tensor: ...
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+# An entry's batch-level token selection (Clip-Cov / KL-Cov's covariance over the whole batch passed in), bool
+# [N,T]: with micro-batches the trainer computes it over the whole minibatch and passes each micro-batch its
+# rows as `selected` (ablate/train/recipes.py::covariance_selection); without, the loss selects itself.
+COV_SELECTIONS: dict[str, SelectionFn] = {}
+
+
+def register_policy_loss(name: str, selection: SelectionFn | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Add the decorated function to POLICY_LOSSES under `name` (and its batch-level `selection`)."""
+    def add(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is registered twice")
+        POLICY_LOSSES[name] = fn
+        if selection is not None:
+            COV_SELECTIONS[name] = selection
+        return fn
+    return add
+
+
+def _clipped_surrogate(logp, old_logp, advantages, mask, agg, max_len, eps_low: float, eps_high: float,
+                       dual_clip: float | None, ratio_level: str, token_weight: Tensor | None):
+    """PPO clipped surrogate, l = -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A), aggregated by `agg`.
+
+    dual_clip c > 1 (Ye et al. 2020): for A < 0 the objective is max(min(...), c*A), bounding the
+    loss when rho is huge on a negative-advantage token. Stats are detached means over counted tokens
+    (token-weighted whatever `agg` is): `clip_stats`, dual_clip_frac (rho > c, A<0; 0 when off),
+    ratio_mean, ratio_max (0 when no token counts)."""
+    agg_fn = _lookup(AGGREGATIONS, agg, "loss aggregation")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    m = mask.bool()
+    rho = importance_ratio(logp, old_logp, m, ratio_level)  # [N,T]
+    adv = token_advantages(advantages, rho)  # [N,1] or [N,T]
+    clipped = rho.clamp(1 - eps_low, 1 + eps_high)
+    obj = torch.minimum(rho * adv, clipped * adv)
+    if dual_clip is not None:
+        obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)
+    loss = agg_fn(_weighted(-obj, token_weight), m, max_len)
+    with torch.no_grad():
+        dual = (rho > dual_clip) & (adv < 0) if dual_clip is not None else torch.zeros_like(m)
+        stats = {**clip_stats(rho, adv, m, 1 - eps_low, 1 + eps_high)[0],
+                 "dual_clip_frac": masked_mean(dual.float(), m), **_ratio_stats(rho, m)}
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+             params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The PPO clipped surrogate (`_clipped_surrogate`) with recipe.dual_clip and recipe.ratio_level
+    (GSPO: 'sequence'). `token_weight` scales each token's loss and leaves the denominators alone: the
+    top-entropy selection, and the decoupled off-policy correction l_it := sg(w_hat_it) * l_it (the
+    tokens were sampled by the behaviour policy, not by pi_old; the clip statistics still describe
+    rho = pi/pi_old)."""
+    return _clipped_surrogate(logp, old_logp, advantages, mask, agg, max_len, params.eps_low, params.eps_high,
+                              params.dual_clip, params.ratio_level, token_weight)
+
+
+@register_policy_loss("cispo")
+def cispo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+          params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+          ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585): l = -sg(min(rho, cap)) * A * logp.
 
     The clip bounds the importance weight but never drops a token: every counted token keeps the
@@ -347,44 +393,50 @@ def cispo(logp, old_logp, advantages, mask, *, agg, max_len, cispo_cap: float, r
     by itself; only its gradient does. Stat: cispo_cap_frac = share of counted tokens with rho > cap.
     """
     m = mask.bool()
-    rho = importance_ratio(logp, old_logp, m, ratio_level).detach()  # [N,T]
-    w = rho.clamp(max=cispo_cap)
+    rho = importance_ratio(logp, old_logp, m, params.ratio_level).detach()  # [N,T]
+    w = rho.clamp(max=params.cispo_cap)
     adv = token_advantages(advantages, rho)
     per_tok = -w * adv * _zero_where_masked(logp, m)  # where: masked logp may be -inf
     loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
-    stats = {"cispo_cap_frac": masked_mean((rho > cispo_cap).float(), m), **_ratio_stats(rho, m)}
+    stats = {"cispo_cap_frac": masked_mean((rho > params.cispo_cap).float(), m), **_ratio_stats(rho, m)}
     return loss, stats
 
 
-def gmpo(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float):
+@register_policy_loss("gmpo")
+def gmpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+         params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+         ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673).
 
-    Clip each token's log-ratio in log space, one-sided by the sign of A (as PPO does in ratio space),
-    take the geometric mean over the completion, r_i = exp(sum_t m*clipped / |o_i|), l_i = -A_i * r_i,
-    and average over the rows with at least one counted token (`agg` is ignored: GMPO is sequence-level
-    by construction). A clipped token gets no gradient but its clipped value still scales its row.
+    Clip each token's log-ratio in log space to (-gmpo_eps, gmpo_eps), one-sided by the sign of A (as PPO
+    does in ratio space), take the geometric mean over the completion, r_i = exp(sum_t m*clipped / |o_i|),
+    l_i = -A_i * r_i, and average over the rows with at least one counted token (`agg` is ignored: GMPO
+    is sequence-level by construction; so a per-token weight is not defined). A clipped token gets no
+    gradient but its clipped value still scales its row.
     """
     m = mask.bool()
     if advantages.dim() != 1:
         raise ValueError("gmpo needs one advantage per completion, shape [N]")
+    if token_weight is not None:
+        raise ValueError("gmpo is sequence-level: a per-token weight (token selection, IS weights) is not defined")
+    eps = params.gmpo_eps
     delta = _zero_where_masked(logp - old_logp, m)  # [N,T]
     adv = advantages.to(delta.dtype)[:, None]  # [N,1]
-    clipped = delta.clamp(-eps_low, eps_high)
+    clipped = delta.clamp(-eps, eps)
     tilde = torch.where(adv > 0, torch.minimum(delta, clipped), torch.maximum(delta, clipped))
     n_tok = m.sum(1)  # [N]
     r_bar = (_zero_where_masked(tilde, m).sum(1) / n_tok.clamp(min=1)).exp()  # [N]
     has_tok = n_tok > 0
     loss = _zero_where_masked(-advantages.to(r_bar.dtype) * r_bar, has_tok).sum() / has_tok.sum().clamp(min=1)
     with torch.no_grad():
-        low = (delta < -eps_low) & (adv < 0)
-        high = (delta > eps_high) & (adv > 0)
-        stats = {"clip_frac_low": masked_mean(low.float(), m), "clip_frac_high": masked_mean(high.float(), m),
-                 "clip_frac": masked_mean((low | high).float(), m), **_ratio_stats(delta.exp(), m)}
+        stats = {**clip_stats(delta, adv, m, -eps, eps)[0], **_ratio_stats(delta.exp(), m)}
     return loss, stats
 
 
-def sapo(logp, old_logp, advantages, mask, *, agg, max_len, tau_pos: float, tau_neg: float,
-         ratio_level: str = "token", token_weight: Tensor | None = None):
+@register_policy_loss("sapo")
+def sapo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+         params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+         ) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347).
 
     Soft gate instead of a hard clip: l = -(4/tau) * sigmoid(tau * (rho - 1)) * A, tau = tau_pos for
@@ -394,10 +446,10 @@ def sapo(logp, old_logp, advantages, mask, *, agg, max_len, tau_pos: float, tau_
     Stat: soft_gate_mean = mean over counted tokens of the gradient weight 4*sigma*(1 - sigma).
     """
     m = mask.bool()
-    log_ratio = log_importance_ratio(logp, old_logp, m, ratio_level).clamp(-20, 20)
+    log_ratio = log_importance_ratio(logp, old_logp, m, params.ratio_level).clamp(-20, 20)
     rho = log_ratio.exp()  # [N,T]
     adv = token_advantages(advantages, rho)
-    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    tau = torch.where(adv > 0, torch.full_like(adv, params.tau_pos), torch.full_like(adv, params.tau_neg))
     sig = torch.sigmoid(tau * (rho - 1))
     per_tok = -(4 / tau) * sig * adv
     loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
@@ -407,71 +459,68 @@ def sapo(logp, old_logp, advantages, mask, *, agg, max_len, tau_pos: float, tau_
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-def clip_cov_selection(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,
-                       clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float,
-                       generator: torch.Generator | None = None, **_) -> Tensor:
-    """Clip-Cov's zeroed tokens [N,T] (bool): n = max(1, floor(ratio * N_tok)) drawn uniformly (with
-    `generator`) from the counted tokens with lb < Cov_it < ub that the PPO clip has not clipped. A
-    statistic of the whole batch passed in (Cov's means, N_tok, the draw)."""
+def clip_cov_selection(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, params: LossParams
+                       ) -> Tensor:
+    """Clip-Cov's zeroed tokens [N,T] (bool): n = max(1, floor(clip_cov_ratio * N_tok)) drawn uniformly
+    (with `params.generator`) from the counted tokens with lb < Cov_it < ub that the PPO clip has not
+    clipped. A statistic of the whole batch passed in (Cov's means, N_tok, the draw)."""
     m = mask.bool()
     with torch.no_grad():
         rho = importance_ratio(logp.detach(), old_logp, m, "token")
         adv = token_advantages(advantages, rho)
-        clipped = ((rho < 1 - eps_low) & (adv < 0)) | ((rho > 1 + eps_high) & (adv > 0))
+        clipped = clip_stats(rho, adv, m, 1 - params.eps_low, 1 + params.eps_high)[1]
         cov = _covariance(logp, advantages, m)
-        cand = (m & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)).flatten().nonzero().flatten()
-        n_pick = max(1, math.floor(clip_cov_ratio * int(m.sum())))
+        cand = (m & ~clipped & (cov > params.clip_cov_lb) & (cov < params.clip_cov_ub)).flatten().nonzero().flatten()
+        n_pick = max(1, math.floor(params.clip_cov_ratio * int(m.sum())))
         if len(cand) > n_pick:
-            cand = cand[torch.randperm(len(cand), generator=generator)[:n_pick].to(cand.device)]
+            cand = cand[torch.randperm(len(cand), generator=params.generator)[:n_pick].to(cand.device)]
         drop = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
         drop[cand] = True
     return drop.view_as(m)
 
 
-def clip_cov(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float,
-             clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float,
-             generator: torch.Generator | None = None, token_weight: Tensor | None = None,
-             selected: Tensor | None = None):
+@register_policy_loss("clip_cov", selection=clip_cov_selection)
+def clip_cov(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+             params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
 
-    PPO clip loss, except that the tokens of `clip_cov_selection` get zero loss and gradient. The
-    selection is a batch-level statistic: `selected` [N,T] passes in one computed over the whole
-    minibatch (a micro-batch's rows of it); None computes it from the inputs. Stats: PPO's, plus
-    cov_select_frac.
+    PPO clip loss (token-level ratio), except that the tokens of `clip_cov_selection` get zero loss and
+    gradient. The selection is a batch-level statistic: `selected` [N,T] passes in one computed over the
+    whole minibatch (a micro-batch's rows of it); None computes it from the inputs. Stats: PPO's clip
+    statistics, plus cov_select_frac.
     """
     m = mask.bool()
     rho = importance_ratio(logp, old_logp, m, "token")
     adv = token_advantages(advantages, rho)
-    obj = torch.minimum(rho * adv, rho.clamp(1 - eps_low, 1 + eps_high) * adv)
-    with torch.no_grad():
-        low, high = (rho < 1 - eps_low) & (adv < 0), (rho > 1 + eps_high) & (adv > 0)
-    drop = clip_cov_selection(logp, old_logp, advantages, m, eps_low=eps_low, eps_high=eps_high,
-                              clip_cov_ratio=clip_cov_ratio, clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub,
-                              generator=generator) if selected is None else selected.bool() & m
+    obj = torch.minimum(rho * adv, rho.clamp(1 - params.eps_low, 1 + params.eps_high) * adv)
+    drop = clip_cov_selection(logp, old_logp, advantages, m, params) if selected is None else selected.bool() & m
     per_tok = torch.where(drop, torch.zeros_like(obj), -obj)
     loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
-    stats = {"clip_frac_low": masked_mean(low.float(), m), "clip_frac_high": masked_mean(high.float(), m),
-             "clip_frac": masked_mean((low | high).float(), m), "cov_select_frac": masked_mean(drop.float(), m),
-             **_ratio_stats(rho.detach(), m)}
+    stats = {**clip_stats(rho, adv, m, 1 - params.eps_low, 1 + params.eps_high)[0],
+             "cov_select_frac": masked_mean(drop.float(), m), **_ratio_stats(rho.detach(), m)}
     return loss, stats
 
 
-def kl_cov_selection(logp, old_logp, advantages, mask, *, kl_cov_frac: float, **_) -> Tensor:
-    """KL-Cov's penalised tokens [N,T] (bool): the n = max(1, floor(frac * N_tok)) counted tokens with the
-    largest Cov_it, over the whole batch passed in."""
+def kl_cov_selection(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, params: LossParams
+                     ) -> Tensor:
+    """KL-Cov's penalised tokens [N,T] (bool): the n = max(1, floor(kl_cov_frac * N_tok)) counted tokens
+    with the largest Cov_it, over the whole batch passed in."""
     m = mask.bool()
     with torch.no_grad():
         cov = torch.where(m, _covariance(logp, advantages, m), torch.full(m.shape, -torch.inf, device=m.device,
                                                                           dtype=logp.dtype))
         n_tok = int(m.sum())
-        n_pick = min(max(1, math.floor(kl_cov_frac * n_tok)), n_tok)
+        n_pick = min(max(1, math.floor(params.kl_cov_frac * n_tok)), n_tok)
         pick = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
         pick[cov.flatten().topk(n_pick).indices] = True
     return pick.view_as(m) & m
 
 
-def kl_cov(logp, old_logp, advantages, mask, *, agg, max_len, kl_cov_frac: float, kl_cov_coef: float,
-           token_weight: Tensor | None = None, selected: Tensor | None = None):
+@register_policy_loss("kl_cov", selection=kl_cov_selection)
+def kl_cov(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+           params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+           ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov (Cui et al. 2025, arXiv 2505.22617): no clip; the tokens of `kl_cov_selection` get a penalty
     coef * |log rho| (as in the authors' code): l = -rho*A + coef*|Delta| there, l = -rho*A elsewhere.
     `kl_cov_frac` is a fraction (authors' 7B setting 0.2 % = 2e-3). The selection is a batch-level
@@ -481,14 +530,16 @@ def kl_cov(logp, old_logp, advantages, mask, *, agg, max_len, kl_cov_frac: float
     delta = _zero_where_masked(logp - old_logp, m)
     rho = delta.exp()
     adv = token_advantages(advantages, rho)
-    pick = kl_cov_selection(logp, old_logp, advantages, m, kl_cov_frac=kl_cov_frac) if selected is None \
-        else selected.bool() & m
-    per_tok = -rho * adv + torch.where(pick, kl_cov_coef * delta.abs(), torch.zeros_like(rho))
+    pick = kl_cov_selection(logp, old_logp, advantages, m, params) if selected is None else selected.bool() & m
+    per_tok = -rho * adv + torch.where(pick, params.kl_cov_coef * delta.abs(), torch.zeros_like(rho))
     loss = _lookup(AGGREGATIONS, agg, "loss aggregation")(_weighted(per_tok, token_weight), m, max_len)
     return loss, {"cov_select_frac": masked_mean(pick.float(), m), **_ratio_stats(rho.detach(), m)}
 
 
-def gpg(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor | None = None):
+@register_policy_loss("gpg")
+def gpg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+        params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+        ) -> tuple[Tensor, dict[str, Tensor]]:
     """GPG / plain REINFORCE surrogate (Chu et al. 2025, arXiv 2504.02546; Williams 1992): l = -A * logp.
 
     No ratio and no trust region: equal to PPO's gradient at the first minibatch, uncorrected after
@@ -501,18 +552,23 @@ def gpg(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor 
     return loss, _ratio_stats(importance_ratio(logp, old_logp, m, "token").detach(), m)
 
 
-def delta_clip(logp, old_logp, advantages, mask, *, agg, max_len, eps_low: float, eps_high: float, delta: float,
-               ratio_level: str = "token", token_weight: Tensor | None = None):
+@register_policy_loss("delta")
+def delta_clip(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+               params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+               ) -> tuple[Tensor, dict[str, Tensor]]:
     """INTELLECT-2's two-sided clip (Prime Intellect 2025, arXiv 2505.07291): -min(min(rho, delta)*A,
     clip(rho)*A). For delta >= 1 + eps_high this is exactly the dual clip with c = delta (Ye et al. 2020),
     so it is that code path."""
-    if delta < 1 + eps_high:
-        raise ValueError(f"delta must be >= 1 + eps_high = {1 + eps_high}, got {delta}")
-    return policy_loss(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=delta,
-                       ratio_level=ratio_level, agg=agg, max_len=max_len, token_weight=token_weight)
+    if params.delta < 1 + params.eps_high:
+        raise ValueError(f"delta must be >= 1 + eps_high = {1 + params.eps_high}, got {params.delta}")
+    return _clipped_surrogate(logp, old_logp, advantages, mask, agg, max_len, params.eps_low, params.eps_high,
+                              params.delta, params.ratio_level, token_weight)
 
 
-def raft(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor | None = None):
+@register_policy_loss("raft")
+def raft(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str, max_len: int,
+         params: LossParams, token_weight: Tensor | None = None, selected: Tensor | None = None
+         ) -> tuple[Tensor, dict[str, Tensor]]:
     """Rejection-sampling fine-tuning (RAFT: Dong et al. 2023, arXiv 2304.06767; RAFT++ / positive-only
     training: Xiong et al. 2025, arXiv 2504.11343): the SFT loss -logp on completions with A > 0 only.
 
@@ -527,28 +583,6 @@ def raft(logp, old_logp, advantages, mask, *, agg, max_len, token_weight: Tensor
         stats = {"sft_token_frac": masked_mean(keep.expand_as(logp), m),
                  **_ratio_stats(importance_ratio(logp, old_logp, m, "token"), m)}
     return loss, stats
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
-    "ppo_clip": ppo_clip,
-    "cispo": cispo,
-    "gmpo": gmpo,
-    "sapo": sapo,
-    "clip_cov": clip_cov,
-    "kl_cov": kl_cov,
-    "gpg": gpg,
-    "delta": delta_clip,
-    "raft": raft,
-}
-
-
-# Covariance selections: fn(logp, old_logp, advantages, mask, **the loss's params) -> bool [N,T] (parameters
-# a selection does not use are ignored). Batch-level statistics: computed over the whole minibatch, then
-# passed to the loss of each micro-batch as `selected` (ablate/train/recipes.py::covariance_selection).
-COV_SELECTIONS: dict[str, Callable[..., Tensor]] = {
-    "clip_cov": clip_cov_selection,
-    "kl_cov": kl_cov_selection,
-}
 
 
 # --- token selection -------------------------------------------------------------------------------

@@ -10,10 +10,9 @@ POLARIS (An et al. 2025). A plain number is a constant and changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
-from ablate.config import RunConfig, Schedule
+from ablate.config import RecipeConfig, Schedule
 
 
 def constant(s: Schedule, step: int) -> float:
@@ -42,12 +41,11 @@ def value_at(s: float | Schedule, step: int) -> float:
     return SCHEDULES[s.kind](s, step) if isinstance(s, Schedule) else s
 
 
-def at_step(cfg: RunConfig, step: int) -> RunConfig:
-    """`cfg` with the recipe's schedules resolved to their values at `step` (the same object when there
-    are none, so plain numbers change nothing). max_new_tokens is rounded to the nearest integer."""
-    r = cfg.recipe
-    if not isinstance(r.temperature, Schedule) and not isinstance(r.max_new_tokens, Schedule):
-        return cfg
-    recipe = dataclasses.replace(r, temperature=float(value_at(r.temperature, step)),
-                                 max_new_tokens=int(round(value_at(r.max_new_tokens, step))))
-    return dataclasses.replace(cfg, recipe=recipe)
+def temperature_at(r: RecipeConfig, step: int) -> float:
+    """`recipe.temperature` at `step` (a plain number is itself)."""
+    return float(value_at(r.temperature, step))
+
+
+def max_new_tokens_at(r: RecipeConfig, step: int) -> int:
+    """`recipe.max_new_tokens` at `step`, rounded to the nearest integer (a plain number is itself)."""
+    return int(round(value_at(r.max_new_tokens, step)))

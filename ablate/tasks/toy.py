@@ -228,8 +228,8 @@ class ChapterToyPolicy(ToyPolicy):
         super().__init__(task)
         self.uniforms: tuple[Tensor, Tensor] | None = None  # ([N, 1], [N, 1]) for the next training sample
 
-    def prompt_stream(self, cfg) -> ChapterStream:
-        return ChapterStream(self, cfg.seed, cfg.recipe.group_size)
+    def prompt_stream(self, seed: int, group_size: int) -> ChapterStream:
+        return ChapterStream(self, seed, group_size)
 
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,

@@ -35,6 +35,7 @@ from ablate.rl.stats import masked_mean
 from ablate.rl.values import explained_variance, value_loss
 from ablate.train import distributed, execution
 from ablate.train.models import load_weights, trained_weights
+from ablate.train.plan import StepPlan
 from ablate.train.recipes import step_generator
 
 
@@ -91,13 +92,12 @@ class LMValues(nn.Module):
 
 
 class Critic:
-    """The value model, its optimiser, and the per-step GAE + value fit."""
+    """The value model, its optimiser, and the per-step GAE + value fit, as the step plan says."""
 
-    def __init__(self, model: nn.Module, cfg: RunConfig):
-        self.model, self.cfg = model, cfg
+    def __init__(self, model: nn.Module, lr: float, weight_decay: float):
+        self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.recipe.critic_lr or cfg.optim.lr,
-                                           weight_decay=cfg.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
 
     @torch.no_grad()
     def values(self, rollout: Rollout, budget: int, chunk: int = 256) -> Tensor:
@@ -112,48 +112,50 @@ class Critic:
                 out[(idx - rows[0]).to(out.device), :v.shape[1]] = v.double()
         return distributed.gather_rows(out)
 
-    def step(self, rollout: Rollout, task_rewards: Tensor, kl_tok: Tensor | None, kl_coef: float,
-             mask: Tensor, cfg: RunConfig, step: int) -> tuple[Tensor, dict[str, float]]:
+    def step(self, plan: StepPlan, rollout: Rollout, task_rewards: Tensor, kl_tok: Tensor | None, kl_coef: float,
+             loss_mask: Tensor) -> tuple[Tensor, dict[str, float]]:
         """Token-level whitened GAE advantages [N, T] for the policy loss, after fitting the critic to the
-        step's returns; and the step's critic/* metrics. task_rewards [B, G] (before KL), kl_tok [N, T]."""
-        r, budget = cfg.recipe, cfg.compute.micro_batch_tokens
-        m = mask.bool()
-        old = self.values(rollout, budget)  # [N, T]
-        token_r = outcome_token_rewards(task_rewards.flatten().to(old), m, kl_tok, kl_coef)
-        raw, returns = gae(token_r, old, m, r.gae_gamma, r.gae_lambda)
-        row = self.fit(rollout, old, returns, m, cfg, step)
-        row.update({"critic/explained_variance": float(explained_variance(returns, old, m)),
-                    "critic/value_mean": float(masked_mean(old, m)),
+        step's returns; and the step's critic/* metrics. task_rewards [B, G] (before KL), kl_tok [N, T]
+        (KL in the reward, else None), loss_mask [N, T] the tokens the losses count."""
+        c, m = plan.critic, loss_mask.bool()
+        old_values = self.values(rollout, plan.micro_batch_tokens)  # [N, T]
+        token_r = outcome_token_rewards(task_rewards.flatten().to(old_values), m, kl_tok, kl_coef)
+        raw, returns = gae(token_r, old_values, m, c.gamma, c.lam)
+        row = self.fit(plan, rollout, old_values, returns, m)
+        row.update({"critic/explained_variance": float(explained_variance(returns, old_values, m)),
+                    "critic/value_mean": float(masked_mean(old_values, m)),
                     "critic/return_mean": float(masked_mean(returns, m))})
-        return whiten(raw, m, r.std_ddof, r.std_eps), row
+        return whiten(raw, m, c.ddof, c.eps), row
 
-    def fit(self, rollout: Rollout, old: Tensor, returns: Tensor, mask: Tensor, cfg: RunConfig,
-            step: int) -> dict[str, float]:
-        """update_epochs x minibatches optimiser steps on the clipped value loss (token mean over each
+    def fit(self, plan: StepPlan, rollout: Rollout, old_values: Tensor, returns: Tensor, loss_mask: Tensor
+            ) -> dict[str, float]:
+        """plan.epochs x plan.minibatches optimiser steps on the clipped value loss (token mean over each
         minibatch), accumulated over micro-batches exactly as the policy's update is; with several ranks
         split as it is too: each rank back-propagates its share of every minibatch's rows, weighted
         against the whole minibatch's tokens, and the ranks' gradients are summed before clipping."""
-        r, N = cfg.recipe, len(rollout)
-        gen = step_generator(cfg.seed, step)  # the critic's own minibatch order: the global RNG is untouched
+        c, N = plan.critic, len(rollout)
+        gen = step_generator(plan.seed, plan.step)  # the critic's own minibatch order: the global RNG is untouched
         logs: dict[str, list[float]] = {}
-        for _ in range(r.update_epochs):
-            for idx in torch.randperm(N, generator=gen).split(math.ceil(N / r.minibatches)):
+        for _ in range(plan.epochs):
+            for idx in torch.randperm(N, generator=gen).split(math.ceil(N / plan.minibatches)):
                 self.optimizer.zero_grad(set_to_none=True)
-                whole, parts = mask[idx], []
+                minibatch_mask, parts = loss_mask[idx], []
                 mine = idx[distributed.split(len(idx))]  # this rank's rows (all of them at world size 1)
-                micro = execution.micro_batches(rollout, mine, cfg.compute.micro_batch_tokens) if len(mine) else ()
+                micro = execution.micro_batches(rollout, mine, plan.micro_batch_tokens) if len(mine) else ()
                 with distributed.failing_together():
                     for mb, sub in micro:
                         v = self.model(sub)  # [n, t]
                         t = v.shape[1]
-                        mb = mb.to(mask.device)
-                        loss, stats = value_loss(v, old[mb, :t], returns[mb, :t], mask[mb, :t], value_clip=r.value_clip)
-                        w = losses.micro_weight("token_mean", mask[mb, :t], whole, r.max_new_tokens, loss.dtype)
-                        (r.vf_coef * loss * w).backward()
-                        w_tok = mask[mb, :t].sum() / whole.sum().clamp(min=1)
+                        mb = mb.to(loss_mask.device)
+                        micro_mask = loss_mask[mb, :t]
+                        loss, stats = value_loss(v, old_values[mb, :t], returns[mb, :t], micro_mask, value_clip=c.value_clip)
+                        w = losses.micro_weight("token_mean", micro_mask, minibatch_mask, plan.loss.max_len,
+                                                loss.dtype)
+                        (c.vf_coef * loss * w).backward()
+                        w_tok = micro_mask.sum() / minibatch_mask.sum().clamp(min=1)
                         parts.append((w, w_tok, {"value_loss": loss, **stats}))
                 distributed.sum_gradients(self.params)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip or float("inf"))
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, plan.grad_clip or float("inf"))
                 self.optimizer.step()
                 row = {**distributed.reduce_stats(execution.combine_stats(parts, ("value_loss",))),
                        "grad_norm": grad_norm}
@@ -169,14 +171,12 @@ class Critic:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def build_critic(cfg: RunConfig, policy, ckpt: dict | None) -> Critic | None:
-    """The critic when `recipe.adv_whiten == 'gae'` (restored from `ckpt` when resuming), else None."""
-    if cfg.recipe.adv_whiten != "gae":
+def build_critic(cfg: RunConfig, plan: StepPlan, policy) -> Critic | None:
+    """The critic when the plan has one (`recipe.adv_whiten == 'gae'`), else None."""
+    if plan.critic is None:
         return None
-    critic = Critic(ToyValues(policy) if cfg.task.name == "toy_addition" else LMValues(policy), cfg)
-    if ckpt is not None:
-        critic.load_state_dict(ckpt["critic"])
-    return critic
+    model = ToyValues(policy) if cfg.task.name == "toy_addition" else LMValues(policy)
+    return Critic(model, plan.critic.lr, cfg.optim.weight_decay)
 
 
 def critic_state(critic: Critic | None) -> dict:

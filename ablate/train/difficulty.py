@@ -21,7 +21,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ablate.config import RunConfig, Schedule, build_section, to_dict
-from ablate.rl.schedules import value_at
+from ablate.rl.schedules import max_new_tokens_at, temperature_at, value_at
 from ablate.tasks import make_task, score_batch
 from ablate.tasks.base import Problem
 
@@ -57,7 +57,7 @@ def band_summary(rates: dict[str, float], lo: float, hi: float) -> dict:
 
 def band_defaults(cfg: RunConfig) -> tuple[int, float]:
     """(n, temperature) that `task.pass_rate_band` reads the cache with."""
-    return cfg.eval.n_samples, float(value_at(cfg.recipe.temperature, 1))
+    return cfg.eval.n_samples, temperature_at(cfg.recipe, 1)
 
 
 def estimate(cfg: RunConfig, n: int, temperature: float, progress: bool = True, chunk: int = 64,
@@ -88,7 +88,7 @@ def _sample_rates(cfg: RunConfig, n: int, temperature: float, progress: bool, ch
     train = task.problems("train")
     policy = policy or build_policy(cfg, task, resolve_device(cfg.device))
     tokenizer = getattr(policy, "tokenizer", None)
-    max_new = int(round(value_at(cfg.recipe.max_new_tokens, 1)))
+    max_new = max_new_tokens_at(cfg.recipe, 1)
     rates: dict[str, float] = {}
     bar = Progress(TextColumn("[bold]difficulty"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                    disable=not progress)

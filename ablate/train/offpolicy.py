@@ -21,8 +21,7 @@ from collections import deque
 import torch
 from torch import Tensor
 
-from ablate.config import RecipeConfig
-from ablate.rl.corrections import is_correction, mismatch_metrics
+from ablate.rl.corrections import mismatch_metrics
 
 Pending = deque  # of (batch, greedy rewards [B] or None, version: optimiser steps taken when it was sampled)
 
@@ -59,22 +58,23 @@ def pending_from_state(state: list[dict], batch_type: type) -> Pending:
 
 # --- the correction and its metrics ------------------------------------------------------------
 
-def correct(r: RecipeConfig, old_logp: Tensor, behav_logp: Tensor, loss_mask: Tensor):
-    """Apply `recipe.is_correction` (the one place it is read): (IS weights [N,T], loss mask [N,T] with the
-    rejected tokens removed, stats). With `none` the mask comes back unchanged and the weights are 1.
-    `old_logp` None: the step ran no old pass (recipes.needs_old_pass), so the correction is `none`, which
-    reads no log-prob."""
+def correct(correction, old_logp: Tensor | None, behav_logp: Tensor, trainable_mask: Tensor):
+    """Apply the step's IS correction (`plan.is_correction`, an IS_CORRECTIONS entry with its parameters):
+    (IS weights [N,T], loss mask [N,T]: `trainable_mask` minus the rejected tokens, stats). With `none`
+    the mask comes back unchanged and the weights are 1. `old_logp` None: the step ran no old pass
+    (plan.old_pass), so the correction is `none`, which reads no log-prob."""
     old_logp = behav_logp if old_logp is None else old_logp
-    weights, keep, stats = is_correction(r.is_correction, old_logp, behav_logp.to(old_logp.device), loss_mask,
-                                         cap=r.is_cap, lo=r.is_lo, hi=r.is_hi)
-    return weights, loss_mask * keep, stats
+    weights, keep, stats = correction(old_logp, behav_logp.to(old_logp.device), trainable_mask)
+    return weights, trainable_mask * keep, stats
 
 
-def step_metrics(old_logp: Tensor, behav_logp: Tensor, loss_mask: Tensor, weights: Tensor, keep: Tensor,
+def step_metrics(old_logp: Tensor, behav_logp: Tensor, trainable_mask: Tensor, weights: Tensor, loss_mask: Tensor,
                  stats: dict, lag: int) -> dict[str, float]:
     """The `offpolicy/*` metrics of one step (definitions in ablate/runs/metrics.py), over the tokens the
-    loss counts before rejection; a value undefined for lack of counted tokens is not logged."""
+    loss may count before rejection (`trainable_mask`; `loss_mask`: those the correction kept); a value
+    undefined for lack of counted tokens is not logged."""
     lag_rows = torch.full((len(old_logp),), float(lag), device=old_logp.device)
-    out = mismatch_metrics(old_logp, behav_logp.to(old_logp.device), loss_mask, weights, keep, lag_rows)
+    out = mismatch_metrics(old_logp, behav_logp.to(old_logp.device), trainable_mask, weights, loss_mask.bool(),
+                           lag_rows)
     out["is_cap_frac"] = stats["is_cap_frac"]
     return {f"offpolicy/{k}": float(v) for k, v in out.items() if math.isfinite(float(v))}
