@@ -66,6 +66,8 @@ DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling"
 Parallel = Literal["ddp", "fsdp"]
 
 
+Share = Annotated[float, Range(0, 1, lo_open=True)]   # a share of something that must not be empty: (0, 1]
+AboveOne = Annotated[float, Range(1, lo_open=True)]   # a ratio cap
 # W&B's rule for entity and project names (wandb_settings.validate_project)
 WandbName = Annotated[str, Text(min_len=1, max_len=128, pattern=r"[^/\\#?%:]+", what="without / \\ # ? % :")]
 
@@ -119,7 +121,8 @@ class LoraConfig:
     r: Count = 16
     alpha: Positive = 32.0
     dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
-    target_modules: Annotated[tuple[NonEmptyLine, ...], Length(min=1)] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    target_modules: Annotated[tuple[NonEmptyLine, ...], Length(min=1)] = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ class RecipeConfig:
     loss_agg: LossAgg = "seq_mean_token_mean"
     eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     eps_high: NonNegative = 0.2
-    dual_clip: Annotated[float, Range(1, lo_open=True)] | None = None
+    dual_clip: AboveOne | None = None
     ratio_level: RatioLevel = "token"
     kl_coef: NonNegative = 0.0
     kl_estimator: KLEstimator = "k3"
@@ -204,10 +207,10 @@ class RecipeConfig:
     clip_cov_ub: Finite = 5.0
     kl_cov_frac: Fraction = 2e-3     # kl_cov: share of tokens (largest covariance) given the |log ratio| penalty
     kl_cov_coef: NonNegative = 1.0      # kl_cov: coefficient of that penalty
-    delta: Annotated[float, Range(1, lo_open=True)] = 4.0            # delta (INTELLECT-2): ratio cap for A < 0; needs delta >= 1 + eps_high
+    delta: AboveOne = 4.0         # delta (INTELLECT-2): ratio cap for A < 0; needs delta >= 1 + eps_high
     # token and sample weighting
     token_selection: TokenSelection = "all"
-    entropy_quantile: Annotated[float, Range(0, 1, lo_open=True)] = 0.2  # top_entropy: share of highest-entropy tokens that keep their loss
+    entropy_quantile: Share = 0.2  # top_entropy: share of highest-entropy tokens that keep their loss
     pos_adv_weight: NonNegative = 1.0    # multiplies positive advantages
     neg_adv_weight: NonNegative = 1.0    # multiplies negative advantages
     pos_nll_coef: NonNegative = 0.0      # coefficient of an SFT (NLL) term on positive-advantage samples; 0 = off
@@ -223,9 +226,9 @@ class RecipeConfig:
     kl_horizon: Count = 10000
     # online data policy (ablate/rl/data_policy.py): which prompts a step samples
     data_policy: DataPolicy = "uniform"
-    retire_threshold: Annotated[float, Range(0, 1, lo_open=True)] = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
+    retire_threshold: Share = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
     priority_smoothing: Positive = 0.1   # prioritized: p(i) ~ 1 - s_i + smoothing
-    curriculum_start: Annotated[float, Range(0, 1, lo_open=True)] = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
+    curriculum_start: Share = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
     # PPO with a learned critic (adv_whiten='gae', ablate/train/critic.py): GAE(gamma, lambda) over token
     # rewards (outcome reward at the end, per-token KL when kl_placement='reward'), whitened; the value
     # model (a copy of the policy with a scalar head; a table on the toy) trains on its own AdamW
@@ -264,9 +267,9 @@ class WandbConfig:
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
     entity: WandbName | None = None
     project: WandbName = "ablate"
-    name: Annotated[str, Text(max_len=128)] | None = None        # readable run name; sweeps set it from the varying toggles and seed
-    group: Annotated[str, Text(max_len=128)] | None = None       # set by sweeps to the sweep name
-    job_type: Annotated[str, Text(min_len=1, max_len=64)] = "train"        # "tune-trial" for Optuna trials
+    name: NonEmptyLine | None = None  # readable run name; sweeps set it from the varying toggles and seed
+    group: Annotated[str, Text(min_len=1, max_len=128)] | None = None  # set by sweeps to the sweep name
+    job_type: Annotated[str, Text(min_len=1, max_len=64)] = "train"  # "tune-trial" for Optuna trials
 
 
 @dataclass(frozen=True)
@@ -511,8 +514,8 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(o.min_grad_norm == 0 or o.optimizer == "normalized_sgd",
           "optim.min_grad_norm is only defined for optim.optimizer='normalized_sgd'")
     check(all(k <= e.n_samples for k in e.ks), f"eval.ks: every k must be <= eval.n_samples={e.n_samples}")
-    check(t.name != "arithmetic" or bool(t.digits), "task.digits: task.name='arithmetic' needs at least one digit count")
-    check(t.name != "arithmetic" or bool(t.operators), "task.operators: task.name='arithmetic' needs at least one operator")
+    check(t.name != "arithmetic" or bool(t.digits), "task.digits: task.name='arithmetic' needs a digit count")
+    check(t.name != "arithmetic" or bool(t.operators), "task.operators: task.name='arithmetic' needs an operator")
     check(t.name != "reasoning_gym" or bool(t.dataset), "task.dataset is required when task.name='reasoning_gym'")
     check(t.name != "jsonl" or bool(t.path), "task.path is required when task.name='jsonl'")
     check(not t.gameable or t.name == "arithmetic", "task.gameable is only defined for task.name='arithmetic'")

@@ -120,7 +120,8 @@ class Length:
         return isinstance(v, tuple) and self.min <= len(v) <= self.max
 
     def __str__(self) -> str:
-        return f"a list of at least {self.min} item(s)" if self.max == INT_MAX else f"a list of {self.min}..{self.max} items"
+        most = "" if self.max == INT_MAX else f" and at most {self.max}"
+        return f"a list of at least {self.min} item(s){most}"
 
 
 @dataclass(frozen=True)
