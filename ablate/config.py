@@ -27,7 +27,6 @@ from ablate.schema import (  # noqa: F401 - ConfigError, StrictLoader, read_yaml
     Fraction,
     Integer,
     Length,
-    Line,
     Natural,
     NonEmptyLine,
     NonNegative,
@@ -66,6 +65,7 @@ DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling"
 Parallel = Literal["ddp", "fsdp"]
 
 
+OptionalText = Annotated[str, Text(pattern=r"|.*\S.*", what="empty for none, else not blank")]
 Share = Annotated[float, Range(0, 1, lo_open=True)]   # a share of something that must not be empty: (0, 1]
 AboveOne = Annotated[float, Range(1, lo_open=True)]   # a ratio cap
 # W&B's rule for entity and project names (wandb_settings.validate_project)
@@ -84,10 +84,10 @@ class TaskConfig:
     # training verifier that accepts any answer with the right last digit (held-out stays strict)
     gameable: bool = False
     # reasoning_gym: dataset name as in `reasoning_gym.create_dataset(name)`
-    dataset: Line = ""
+    dataset: OptionalText = ""
     # jsonl: rows {"prompt", "answer"}; heldout_path optional (else a seeded split of path)
-    path: Line = ""
-    heldout_path: Line = ""
+    path: OptionalText = ""
+    heldout_path: OptionalText = ""
     chat_template: bool = False
     answer_format: Literal["boxed", "answer_tag"] = "boxed"
     # toy_addition: fixed per-prompt reward offset, standard normal (a reward model's prompt bias)
