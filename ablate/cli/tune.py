@@ -223,7 +223,8 @@ Storage = typer.Option(None, "--storage", metavar="URL", help="sqlite:///PATH | 
 def run(spec: SearchSpec,
         executor: str | None = typer.Option(None, "--executor", metavar="NAME",
                                             help="local | slurm | inline (default: the spec's)"),
-        workers: int | None = typer.Option(None, "--workers", metavar="N", min=1, help="worker processes / array tasks"),
+        workers: int | None = typer.Option(None, "--workers", metavar="N", min=1,
+                                           help="worker processes / array tasks"),
         storage: str | None = Storage,
         profile: Profile = None,
         out: RunsRoot = None):
