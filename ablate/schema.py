@@ -198,29 +198,36 @@ def problems(obj: Any, prefix: str = "") -> list[str]:
     return [p for name, check in _fields(type(obj)) for p in check(getattr(obj, name), prefix + name)]
 
 
+def _none(value: Any, path: str) -> list[str]:
+    return []
+
+
 @functools.cache
 def _fields(cls: type) -> tuple:
+    """(name, checker) of the fields of `cls` that have a domain somewhere in them."""
     ann = hints(cls)
-    return tuple((f.name, _checker(ann[f.name])) for f in dataclasses.fields(cls))
+    return tuple((f.name, _checker(ann[f.name])) for f in dataclasses.fields(cls) if _checker(ann[f.name]) is not _none)
 
 
 @functools.cache
 def _checker(tp: Any):
-    """A function (value, path) -> problems for the annotation `tp`, built once per annotation: validate
-    runs for every point of a sweep."""
+    """A function (value, path) -> problems for the annotation `tp`, built once per annotation (validate runs
+    for every point of a sweep); `_none` where nothing in `tp` has a domain."""
     doms, inner = tuple(domains(tp)), plain(tp)
     origin, args = typing.get_origin(inner), typing.get_args(inner)
+    sub = None
     if origin in (typing.Union, types.UnionType):
         arms = [(a, _checker(a)) for a in args]
-        sub = lambda v, path: next((check(v, path) for a, check in arms if matches(v, a)), [])  # noqa: E731
-    elif origin is tuple:
+        if any(check is not _none for _, check in arms):
+            sub = lambda v, path: next((check(v, path) for a, check in arms if matches(v, a)), [])  # noqa: E731
+    elif origin is tuple and _checker(args[0]) is not _none:
         item = _checker(args[0])
         sub = lambda v, path: [p for i, x in enumerate(v) for p in item(x, f"{path}[{i}]")] \
             if isinstance(v, tuple) else []  # noqa: E731
     elif dataclasses.is_dataclass(inner):
         sub = lambda v, path: problems(v, path + ".") if dataclasses.is_dataclass(v) else []  # noqa: E731
-    else:
-        sub = None
+    if not doms and sub is None:
+        return _none
 
     def check(value: Any, path: str) -> list[str]:
         for d in doms:
