@@ -222,7 +222,7 @@ def child(d: Path, argv: list[str], wfd: int) -> None:
 def run_case(files: dict, argv: list[str], timeout: int) -> tuple[int, bool, str]:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        write(d, {k: v.replace("{d}", str(d)) if isinstance(v, str) else v for k, v in files.items()})
+        write(d, {k: (v if isinstance(v, str) else yaml.safe_dump(v)).replace("{d}", str(d)) for k, v in files.items()})
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:

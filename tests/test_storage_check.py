@@ -46,6 +46,7 @@ def test_storages_optuna_wrote_are_accepted_and_made_absolute(tmp_path, monkeypa
     ("journal:adir", "is a folder"),
     ("not-a-url", "not a storage URL; allowed: sqlite:///PATH, journal:PATH"),
     ("sqlite:///a\nb.db", "not a storage URL"),
+    ("sqlite:///{d}/s.db", "holds '{' or '}'"),  # Optuna would fail formatting its URL template
     ("postgresql://nobody@127.0.0.1:1/x", "cannot connect"),
 ])
 def test_bad_storages_name_the_option_and_what_is_allowed(tmp_path, monkeypatch, url, words):

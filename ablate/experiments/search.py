@@ -317,6 +317,11 @@ def check_storage(url: str, where: str) -> str:
         bad(f"not a storage URL; allowed: sqlite:///PATH, journal:PATH or a database URL "
             f"({', '.join(STORAGES[2:])}...)")
     prefix = next((p for p in ("sqlite:///", "journal:") if url.startswith(p)), "")
+    if prefix != "journal:":
+        try:  # Optuna reads an RDB URL as a str.format template
+            url.format(SCHEMA_VERSION="")
+        except (KeyError, IndexError, ValueError):
+            bad("holds '{' or '}', which Optuna reads as a template ({SCHEMA_VERSION} is the only field)")
     if not prefix:
         import sqlalchemy
 
