@@ -11,15 +11,38 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+
+from ablate.schema import (  # noqa: F401 - ConfigError, StrictLoader, read_yaml, coerce: used as C.* elsewhere
+    Choice,
+    ConfigError,
+    Count,
+    Finite,
+    Fraction,
+    Integer,
+    Length,
+    Natural,
+    NonEmptyLine,
+    NonNegative,
+    Positive,
+    Range,
+    Seed,
+    StrictLoader,
+    Text,
+    _where,
+    build_section,
+    coerce,
+    read_yaml,
+)
+from ablate.schema import (
+    problems as domain_problems,
+)
 
 Baseline = Literal["none", "batch_mean", "group_mean", "leave_one_out", "greedy"]
 Scale = Literal["none", "group", "batch"]
@@ -42,26 +65,29 @@ DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling"
 Parallel = Literal["ddp", "fsdp"]
 
 
-class ConfigError(ValueError):
-    """A bad config value. The message names the source file (when known), the field and what is allowed."""
+OptionalText = Annotated[str, Text(pattern=r"|.*\S.*", what="empty for none, else not blank")]
+Share = Annotated[float, Range(0, 1, lo_open=True)]   # a share of something that must not be empty: (0, 1]
+AboveOne = Annotated[float, Range(1, lo_open=True)]   # a ratio cap
+# W&B's rule for entity and project names (wandb_settings.validate_project)
+WandbName = Annotated[str, Text(min_len=1, max_len=128, pattern=r"[^/\\#?%:]+", what="without / \\ # ? % :")]
 
 
 @dataclass(frozen=True)
 class TaskConfig:
     name: TaskName = "arithmetic"
-    seed: int = 0  # seeds the problem sets, not the run: every run of a sweep sees the same data
-    num_train: int = 2000
-    num_heldout: int = 128
+    seed: Seed = 0  # seeds the problem sets, not the run: every run of a sweep sees the same data
+    num_train: Count = 2000
+    num_heldout: Count = 128
     # arithmetic: operand digit counts and operators to mix (difficulty spread comes from the mix)
-    digits: tuple[int, ...] = (1, 2)
-    operators: tuple[str, ...] = ("+", "-", "*")
+    digits: tuple[Annotated[int, Integer(1, 6)], ...] = (1, 2)
+    operators: tuple[Literal["+", "-", "*"], ...] = ("+", "-", "*")
     # training verifier that accepts any answer with the right last digit (held-out stays strict)
     gameable: bool = False
     # reasoning_gym: dataset name as in `reasoning_gym.create_dataset(name)`
-    dataset: str = ""
+    dataset: OptionalText = ""
     # jsonl: rows {"prompt", "answer"}; heldout_path optional (else a seeded split of path)
-    path: str = ""
-    heldout_path: str = ""
+    path: OptionalText = ""
+    heldout_path: OptionalText = ""
     chat_template: bool = False
     answer_format: Literal["boxed", "answer_tag"] = "boxed"
     # toy_addition: fixed per-prompt reward offset, standard normal (a reward model's prompt bias)
@@ -74,33 +100,34 @@ class TaskConfig:
     reward_mode: RewardMode = "verifier"
     # code: share of tests passed (partial) or 1 only when all pass; sandboxes run in parallel slots
     code_reward: Literal["partial", "all"] = "partial"
-    code_workers: int = 4
+    code_workers: Annotated[int, Integer(1, 64)] = 4  # parallel sandbox slots
     # reasoning_gym: the dataset's own configuration (difficulty parameters), passed to create_dataset
     rg_config: dict[str, Any] = field(default_factory=dict, hash=False)
     # mixture: entries are task sections plus a weight (share of task.num_train); see ablate/tasks/mixture.py
     mixture: tuple[MixtureEntry, ...] = ()
     # keep training prompts whose base-model pass rate is in [lo, hi] (`ablate difficulty` fills the cache)
-    pass_rate_band: tuple[float, ...] = ()
+    pass_rate_band: tuple[Fraction, ...] = ()
 
 
 @dataclass(frozen=True)
 class MixtureEntry(TaskConfig):
-    weight: float = 1.0
+    weight: Positive = 1.0
 
 
 @dataclass(frozen=True)
 class LoraConfig:
     """Low-rank adapters (Hu et al. 2021, LoRA, arXiv:2106.09685) through peft; the base weights stay frozen."""
 
-    r: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    r: Count = 16
+    alpha: Positive = 32.0
+    dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
+    target_modules: Annotated[tuple[NonEmptyLine, ...], Length(min=1)] = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = "models/tiny-arith"  # local folder or hub id, loaded with AutoModelForCausalLM
+    path: NonEmptyLine = "models/tiny-arith"  # local folder or hub id, loaded with AutoModelForCausalLM
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     # float32: fp32 master weights (bf16 autocast per `dtype`); bfloat16: weights and optimizer state in bf16
     master_weights: Literal["float32", "bfloat16"] = "float32"
@@ -109,8 +136,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class Stage:
-    step: int      # first step of the stage
-    value: float
+    step: Count    # first step of the stage
+    value: Finite
 
 
 @dataclass(frozen=True)
@@ -119,10 +146,10 @@ class Schedule:
     step `steps`, then held) or `stages` (each stage's value from its step on; the first starts at 1)."""
 
     kind: Literal["constant", "linear", "stages"] = "constant"
-    value: float = 0.0
-    start: float = 0.0
-    end: float = 0.0
-    steps: int = 0
+    value: Finite = 0.0
+    start: Finite = 0.0
+    end: Finite = 0.0
+    steps: Natural = 0
     stages: tuple[Stage, ...] = ()
 
 
@@ -137,112 +164,112 @@ def schedule_values(s: float | Schedule) -> list[float]:
 class RecipeConfig:
     """The RL recipe toggles; docs/recipes.md defines each one."""
 
-    group_size: int = 8
+    group_size: Count = 8
     baseline: Baseline = "group_mean"
     scale: Scale = "group"
     std_ddof: Literal[0, 1] = 1
-    std_eps: float = 1e-6
+    std_eps: Positive = 1e-6
     loss_agg: LossAgg = "seq_mean_token_mean"
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float | None = None
+    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
+    eps_high: NonNegative = 0.2
+    dual_clip: AboveOne | None = None
     ratio_level: RatioLevel = "token"
-    kl_coef: float = 0.0
+    kl_coef: NonNegative = 0.0
     kl_estimator: KLEstimator = "k3"
     kl_placement: KLPlacement = "loss"
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegative = 0.0
     dynamic_sampling: bool = False
-    max_gen_rounds: int = 3
+    max_gen_rounds: Count = 3
     overlong: Overlong = "none"
-    overlong_buffer: int = 4
-    overlong_factor: float = 1.0
-    format_weight: float = 0.0
-    format_anneal_steps: int = 0  # 0 = constant; N = format_weight falls linearly to 0 at step N
-    temperature: float | Schedule = 1.0    # a number, or a step schedule (Schedule)
-    max_new_tokens: int | Schedule = 8
-    update_epochs: int = 1
-    minibatches: int = 1
+    overlong_buffer: Count = 4
+    overlong_factor: NonNegative = 1.0
+    format_weight: NonNegative = 0.0
+    format_anneal_steps: Natural = 0  # 0 = constant; N = format_weight falls linearly to 0 at step N
+    temperature: Positive | Schedule = 1.0    # a number, or a step schedule (Schedule)
+    max_new_tokens: Count | Schedule = 8
+    update_epochs: Count = 1
+    minibatches: Count = 1
     # off-policy (docs/offpolicy.md): the update at step s trains on the batch sampled by the policy of step
     # s - k (0 = synchronous); the behaviour -> old shift is corrected by `is_correction` (ablate/rl/corrections.py)
-    staleness: int = 0
+    staleness: Natural = 0
     is_correction: ISCorrection = "none"
-    is_cap: float = 2.0           # C: tis, seq_tis (truncate at C); mis, seq_mis (reject above C)
-    is_lo: float | None = None    # lower bound: icepop, seq_geo_mask (required); mis, seq_mis (optional)
-    is_hi: float | None = None    # upper bound: icepop, seq_geo_mask (required)
+    is_cap: Positive = 2.0           # C: tis, seq_tis (truncate at C); mis, seq_mis (reject above C)
+    is_lo: NonNegative | None = None    # lower bound: icepop, seq_geo_mask (required); mis, seq_mis (optional)
+    is_hi: Positive | None = None    # upper bound: icepop, seq_geo_mask (required)
     # policy-loss registry (ablate.rl.losses.POLICY_LOSSES) and each entry's own parameters
     policy_loss: PolicyLoss = "ppo_clip"
-    cispo_cap: float = 5.0        # cispo: absolute cap on the stop-gradient IS weight, no floor
-    gmpo_eps: float = 0.4         # gmpo: clip range in log space, (-eps, +eps)
-    tau_pos: float = 1.0          # sapo: gate temperature for A > 0
-    tau_neg: float = 1.05         # sapo: gate temperature for A <= 0
-    clip_cov_ratio: float = 2e-4  # clip_cov: share of tokens whose loss is zeroed
-    clip_cov_lb: float = 1.0      # clip_cov: covariance band (lb, ub) of the candidates
-    clip_cov_ub: float = 5.0
-    kl_cov_frac: float = 2e-3     # kl_cov: share of tokens (largest covariance) given the |log ratio| penalty
-    kl_cov_coef: float = 1.0      # kl_cov: coefficient of that penalty
-    delta: float = 4.0            # delta (INTELLECT-2): ratio cap for A < 0; needs delta >= 1 + eps_high
+    cispo_cap: Positive = 5.0        # cispo: absolute cap on the stop-gradient IS weight, no floor
+    gmpo_eps: Positive = 0.4         # gmpo: clip range in log space, (-eps, +eps)
+    tau_pos: Positive = 1.0          # sapo: gate temperature for A > 0
+    tau_neg: Positive = 1.05         # sapo: gate temperature for A <= 0
+    clip_cov_ratio: Fraction = 2e-4  # clip_cov: share of tokens whose loss is zeroed
+    clip_cov_lb: Finite = 1.0      # clip_cov: covariance band (lb, ub) of the candidates
+    clip_cov_ub: Finite = 5.0
+    kl_cov_frac: Fraction = 2e-3     # kl_cov: share of tokens (largest covariance) given the |log ratio| penalty
+    kl_cov_coef: NonNegative = 1.0      # kl_cov: coefficient of that penalty
+    delta: AboveOne = 4.0         # delta (INTELLECT-2): ratio cap for A < 0; needs delta >= 1 + eps_high
     # token and sample weighting
     token_selection: TokenSelection = "all"
-    entropy_quantile: float = 0.2  # top_entropy: share of highest-entropy tokens that keep their loss
-    pos_adv_weight: float = 1.0    # multiplies positive advantages
-    neg_adv_weight: float = 1.0    # multiplies negative advantages
-    pos_nll_coef: float = 0.0      # coefficient of an SFT (NLL) term on positive-advantage samples; 0 = off
-    adv_clip: float | None = None  # clip advantages to [-adv_clip, adv_clip]; null = off
+    entropy_quantile: Share = 0.2  # top_entropy: share of highest-entropy tokens that keep their loss
+    pos_adv_weight: NonNegative = 1.0    # multiplies positive advantages
+    neg_adv_weight: NonNegative = 1.0    # multiplies negative advantages
+    pos_nll_coef: NonNegative = 0.0      # coefficient of an SFT (NLL) term on positive-advantage samples; 0 = off
+    adv_clip: Positive | None = None  # clip advantages to [-adv_clip, adv_clip]; null = off
     # REINFORCE++ (Hu 2025): token = whiten the advantages over all counted tokens of the batch
     # (REINFORCE++-baseline's global normalisation); token_returns = per-token KL rewards, reward-to-go
     # returns, then that whitening (REINFORCE++ itself). Token-level advantages [N,T].
     adv_whiten: AdvWhiten = "none"
     # regularisation dynamics: hard reference reset every N steps (ProRL; 0 = never) and an adaptive
     # KL coefficient steered to a per-token KL target (Ziegler et al. 2019, horizon form; null = fixed)
-    ref_reset_every: int = 0
-    kl_target: float | None = None
-    kl_horizon: int = 10000
+    ref_reset_every: Natural = 0
+    kl_target: Positive | None = None
+    kl_horizon: Count = 10000
     # online data policy (ablate/rl/data_policy.py): which prompts a step samples
     data_policy: DataPolicy = "uniform"
-    retire_threshold: float = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
-    priority_smoothing: float = 0.1   # prioritized: p(i) ~ 1 - s_i + smoothing
-    curriculum_start: float = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
+    retire_threshold: Share = 0.9     # no_positive_resampling: latest group pass rate that retires a prompt
+    priority_smoothing: Positive = 0.1   # prioritized: p(i) ~ 1 - s_i + smoothing
+    curriculum_start: Share = 0.25    # curriculum: share of the pool (easiest first) eligible at the start
     # PPO with a learned critic (adv_whiten='gae', ablate/train/critic.py): GAE(gamma, lambda) over token
     # rewards (outcome reward at the end, per-token KL when kl_placement='reward'), whitened; the value
     # model (a copy of the policy with a scalar head; a table on the toy) trains on its own AdamW
-    gae_gamma: float = 1.0
-    gae_lambda: float = 0.95
-    value_clip: float | None = 0.2   # |V - V_old| clip of the value loss (null = unclipped)
-    vf_coef: float = 0.1             # coefficient of the value loss
-    critic_lr: float | None = None   # the value model's learning rate (null = optim.lr)
+    gae_gamma: Fraction = 1.0
+    gae_lambda: Fraction = 0.95
+    value_clip: Positive | None = 0.2   # |V - V_old| clip of the value loss (null = unclipped)
+    vf_coef: Positive = 0.1             # coefficient of the value loss
+    critic_lr: Positive | None = None   # the value model's learning rate (null = optim.lr)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     optimizer: Optimizer = "adamw"
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0  # 0 = off
-    warmup_steps: int = 0
+    lr: Positive = 2e-4
+    weight_decay: NonNegative = 0.0
+    grad_clip: NonNegative = 1.0  # 0 = off
+    warmup_steps: Natural = 0
     # normalized_sgd: no step when the global gradient norm is <= this (0 = always step). A batch whose
     # advantages are zero up to rounding would otherwise step along the rounding noise.
-    min_grad_norm: float = 0.0
+    min_grad_norm: NonNegative = 0.0
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 25  # steps; 0 = only before training and at the end
-    n_samples: int = 8
-    ks: tuple[int, ...] = (1, 4, 8)
-    temperature: float = 1.0
-    num_samples_logged: int = 4  # sample completions stored per evaluation
-    repeats: int = 1  # held-out evaluations per schedule point, each with its own sampling seed (eval noise)
+    every: Natural = 25  # steps; 0 = only before training and at the end
+    n_samples: Count = 8
+    ks: Annotated[tuple[Count, ...], Length(min=1)] = (1, 4, 8)
+    temperature: Positive = 1.0
+    num_samples_logged: Natural = 4  # sample completions stored per evaluation
+    repeats: Count = 1  # held-out evaluations per schedule point, each with its own sampling seed (eval noise)
 
 
 @dataclass(frozen=True)
 class WandbConfig:
     # auto: online when W&B credentials are configured (WANDB_API_KEY or a netrc entry), else offline
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
-    entity: str | None = None
-    project: str = "ablate"
-    name: str | None = None        # readable run name; sweeps set it from the varying toggles and seed
-    group: str | None = None       # set by sweeps to the sweep name
-    job_type: str = "train"        # "tune-trial" for Optuna trials
+    entity: WandbName | None = None
+    project: WandbName = "ablate"
+    name: NonEmptyLine | None = None  # readable run name; sweeps set it from the varying toggles and seed
+    group: Annotated[str, Text(min_len=1, max_len=128)] | None = None  # set by sweeps to the sweep name
+    job_type: Annotated[str, Text(min_len=1, max_len=64)] = "train"  # "tune-trial" for Optuna trials
 
 
 @dataclass(frozen=True)
@@ -252,7 +279,7 @@ class TrackingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     # seconds W&B may take to start (wandb.init's init_timeout; env WANDB_INIT_TIMEOUT wins): an unreachable
     # server then costs this long, once, and the run goes on with the local store (and offline W&B under auto)
-    timeout_s: float = 10.0
+    timeout_s: Positive = 10.0
 
 
 @dataclass(frozen=True)
@@ -262,30 +289,30 @@ class ComputeConfig:
 
     # rows are packed in order into micro-batches of at most this many prompt+completion tokens
     # (padded width x rows), gradients accumulate over them; 0 = the whole minibatch in one pass
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: Natural = 0
     gradient_checkpointing: bool = False  # recompute decoder activations in backward (HF)
     deterministic: bool = False  # deterministic kernels + fixed threads: bitwise-identical reruns, slower
     fp32_logits: bool = True  # under bf16 autocast (CUDA) the lm-head and log-softmax run in fp32
-    threads: int = 0  # torch intra-op threads; 0 = torch's default (1 when deterministic)
+    threads: Natural = 0  # torch intra-op threads; 0 = torch's default (1 when deterministic)
     # how the ranks of a multi-process run (`ablate train --nproc N`, SLURM tasks) share the update: "ddp"
     # replicates the model and sums gradients; "fsdp" shards weights, gradients and optimizer state (FSDP2)
     parallel: Parallel = "ddp"
-    collective_timeout_s: int = 1800  # a collective that waits longer fails the run (a rank died or hangs)
+    collective_timeout_s: Count = 1800  # a collective that waits longer fails the run (a rank died or hangs)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    preset: str | None = None
+    preset: Annotated[str, Choice(tuple(PRESETS))] | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    prompts_per_step: int = 16
-    steps: int = 200
-    seed: int = 0
+    prompts_per_step: Count = 16
+    steps: Count = 200
+    seed: Seed = 0
     device: Device = "auto"
-    checkpoint_every: int = 50  # steps; 0 = only at the end
+    checkpoint_every: Natural = 50  # steps; 0 = only at the end
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
 
@@ -344,122 +371,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# --- YAML -----------------------------------------------------------------------------------------
-
-MAX_NODES = 100_000  # expanded size: a config has a few hundred; a "billion laughs" file has billions
-
-
-class StrictLoader(yaml.SafeLoader):
-    """safe_load that refuses duplicate keys (YAML would keep the last silently) and documents whose aliases
-    expand to more than MAX_NODES values (an alias bomb would exhaust memory when the config is copied)."""
-
-    def get_single_node(self):
-        node = super().get_single_node()
-        sizes: dict[int, int] = {}
-
-        def size(n) -> int:
-            if id(n) not in sizes:
-                sizes[id(n)] = 1  # cycles count once
-                kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
-                    n.value if isinstance(n, yaml.SequenceNode) else []
-                sizes[id(n)] = 1 + sum(size(c) for c in kids)
-                if sizes[id(n)] > MAX_NODES:
-                    raise yaml.YAMLError(f"aliases (*name) expand to more than {MAX_NODES:,} values: refusing "
-                                         f"to expand")
-            return sizes[id(n)]
-
-        if node is not None:
-            size(node)
-        return node
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.YAMLError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1}); "
-                                     f"YAML would silently keep only the last value")
-            if isinstance(key, (str, int, float, bool)):
-                seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: Path, error=None):
-    """A YAML file through StrictLoader; any failure (missing, not UTF-8, bad YAML, duplicate keys, alias bomb)
-    raises `error` (default ConfigError) naming the file."""
-    error = error or ConfigError
-    try:
-        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=StrictLoader)
-    except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except yaml.YAMLError as e:
-        raise error(f"{path}: not valid YAML: {e}") from None
-    except OSError as e:
-        raise error(f"{path}: cannot be read: {e.strerror}") from None
-
-
-# --- strict parsing ----------------------------------------------------------------------------
-
-def _where(source: str | None, path: str) -> str:
-    return f"{source}: {path}" if source else path
-
-
-def coerce(value: Any, tp: Any, path: str, source: str | None) -> Any:
-    """Check `value` against the annotation `tp`, converting lists to tuples; raise ConfigError."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{_where(source, path)}: expected a mapping, got {value!r}")
-        return build_section(tp, value, path, source)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed or type(value) is bool and True not in allowed and False not in allowed:
-            raise ConfigError(f"{_where(source, path)}: {value!r} is not allowed; allowed values: "
-                              + ", ".join(map(repr, allowed)))
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return coerce(value, arg, path, source)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[-1] if isinstance(value, dict) else errors[0])  # a mapping: the dataclass's error
-    if origin is dict:  # a free-form mapping of plain values (parse already made it JSON data)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{_where(source, path)}: expected a mapping, got {value!r}")
-        return dict(value)
-    if origin is tuple:
-        (item_tp, _ellipsis) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{_where(source, path)}: expected a list, got {value!r}")
-        return tuple(coerce(v, item_tp, f"{path}[{i}]", source) for i, v in enumerate(value))
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
-        try:  # YAML reads 1e-4 as a string
-            return float(value)
-        except ValueError:
-            pass
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ConfigError(f"{_where(source, path)}: expected {tp.__name__}, got {value!r}")
-    return value
-
-
-def build_section(cls: type, data: dict, prefix: str, source: str | None):
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            raise ConfigError(f"{_where(source, path)}: unknown key; valid keys here: {', '.join(names)}")
-        kwargs[key] = coerce(value, hints[key], path, source)
-    return cls(**kwargs)
-
+# --- strict parsing (ablate/schema.py: coerce, domains) ---------------------------------------------
 
 def to_dict(cfg) -> dict:
     """Plain nested dict (tuples as lists), the inverse of `parse`."""
@@ -544,26 +456,23 @@ def load(path: str | Path, overrides: list[str] = ()) -> RunConfig:
 # --- cross-field rules ---------------------------------------------------------------------------
 
 def validate(cfg: RunConfig, source: str | None = None) -> None:
-    """Every cross-field rule, in one place. Raises ConfigError naming the field(s)."""
+    """Every field's domain (its annotation), then every cross-field rule, in one place (the rules may assume
+    the domains hold). Raises ConfigError naming the file and the field(s)."""
+    head = f"{source}: invalid config" if source else "invalid config"
+    problems = domain_problems(cfg)
+    if problems:
+        raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
     r, o, e, t = cfg.recipe, cfg.optim, cfg.eval, cfg.task
-    problems: list[str] = []
 
     def check(ok: bool, msg: str) -> None:
         if not ok:
             problems.append(msg)
 
-    check(r.group_size >= 1, "recipe.group_size must be >= 1")
     check(r.group_size >= 2 or r.baseline not in ("group_mean", "leave_one_out"),
           f"recipe.baseline={r.baseline!r} needs recipe.group_size >= 2")
     check(r.group_size >= 2 or r.scale != "group", "recipe.scale='group' needs recipe.group_size >= 2")
     check(r.group_size >= 2 or not r.dynamic_sampling, "recipe.dynamic_sampling needs recipe.group_size >= 2")
-    check(r.max_gen_rounds >= 1, "recipe.max_gen_rounds must be >= 1")
-    check(0 <= r.eps_low < 1, "recipe.eps_low must be in [0, 1)")
     check(r.eps_high >= r.eps_low, "recipe.eps_high must be >= recipe.eps_low")
-    check(r.dual_clip is None or r.dual_clip > 1, "recipe.dual_clip must be > 1 (or null for off)")
-    check(r.kl_coef >= 0, "recipe.kl_coef must be >= 0 (0 = off)")
-    check(r.std_eps > 0, "recipe.std_eps must be > 0")
-    check(r.entropy_coef >= 0, "recipe.entropy_coef must be >= 0")
     for name in ("temperature", "max_new_tokens"):
         sched = getattr(r, name)
         if isinstance(sched, Schedule):
@@ -577,47 +486,24 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.max_new_tokens must be an integer >= 1 (every value of its schedule)")
     check(r.overlong != "soft_penalty" or 0 < r.overlong_buffer < min(lengths),
           "recipe.overlong_buffer must be in (0, recipe.max_new_tokens) with recipe.overlong='soft_penalty'")
-    check(r.overlong_factor >= 0, "recipe.overlong_factor must be >= 0")
-    check(r.format_weight >= 0, "recipe.format_weight must be >= 0")
-    check(r.format_anneal_steps >= 0, "recipe.format_anneal_steps must be >= 0 (0 = no annealing)")
     check(r.format_anneal_steps == 0 or r.format_weight > 0,
           "recipe.format_anneal_steps anneals recipe.format_weight, which is 0 (set a weight > 0)")
-    check(r.update_epochs >= 1, "recipe.update_epochs must be >= 1")
-    check(r.minibatches >= 1, "recipe.minibatches must be >= 1")
-    check(r.staleness >= 0, "recipe.staleness must be >= 0 (0 = synchronous, on-policy sampling)")
     check(r.staleness < cfg.steps, "recipe.staleness must be < steps (the pipeline is k batches deep)")
-    check(r.is_cap > 0, "recipe.is_cap must be > 0")
     band = r.is_correction in ("icepop", "seq_geo_mask")
     check(not band or (r.is_lo is not None and r.is_hi is not None),
           f"recipe.is_correction={r.is_correction!r} needs both recipe.is_lo and recipe.is_hi (no default band)")
-    check(r.is_lo is None or r.is_lo >= 0, "recipe.is_lo must be >= 0")
     check(r.is_lo is None or r.is_hi is None or r.is_lo <= r.is_hi, "recipe.is_lo must be <= recipe.is_hi")
     check(r.is_lo is None or r.is_correction not in ("mis", "seq_mis") or r.is_lo <= r.is_cap,
           f"recipe.is_lo must be <= recipe.is_cap with recipe.is_correction={r.is_correction!r}")
-    check(0 < r.retire_threshold <= 1, "recipe.retire_threshold must be in (0, 1]")
-    check(r.priority_smoothing > 0, "recipe.priority_smoothing must be > 0")
-    check(0 < r.curriculum_start <= 1, "recipe.curriculum_start must be in (0, 1]")
     check(r.data_policy != "zero_variance_filter" or not r.dynamic_sampling,
           "recipe.data_policy='zero_variance_filter' drops dead groups without resampling; "
           "recipe.dynamic_sampling resamples them: choose one")
     check(r.data_policy != "zero_variance_filter" or r.group_size >= 2,
           "recipe.data_policy='zero_variance_filter' needs recipe.group_size >= 2")
-    check(cfg.prompts_per_step >= 1, "prompts_per_step must be >= 1")
     check(r.minibatches <= cfg.samples_per_step,
           "recipe.minibatches must be <= prompts_per_step * recipe.group_size")
-    for name, value in _numbers(cfg):
-        check(math.isfinite(value), f"{name} must be a finite number, got {value}")
-    check(cfg.seed >= 0 and t.seed >= 0, "seed and task.seed must be >= 0")
-    check(cfg.steps >= 1, "steps must be >= 1")
-    check(cfg.checkpoint_every >= 0, "checkpoint_every must be >= 0")
     if cfg.model.lora is not None:
-        lo = cfg.model.lora
-        check(lo.r >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and len(lo.target_modules) >= 1,
-              "model.lora needs r >= 1, alpha > 0, dropout in [0, 1) and at least one target module")
         check(t.name != "toy_addition", "model.lora needs a transformer model (not task.name='toy_addition')")
-    check(cfg.compute.micro_batch_tokens >= 0, "compute.micro_batch_tokens must be >= 0 (0 = whole minibatch)")
-    check(cfg.compute.threads >= 0, "compute.threads must be >= 0")
-    check(0 < cfg.tracking.timeout_s < math.inf, "tracking.timeout_s must be > 0 seconds (and finite)")
     if cfg.compute.parallel == "fsdp":  # FSDP2 shards a transformer's decoder layers (ablate/train/sharding.py)
         for ok, what in [(t.name != "toy_addition", "task.name='toy_addition' (a tabular policy)"),
                          (cfg.model.lora is None, "model.lora (adapters)"),
@@ -625,24 +511,11 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
                          (r.ref_reset_every == 0, "recipe.ref_reset_every > 0 (reference resets)")]:
             check(ok, f"compute.parallel='fsdp' does not support {what}; allowed values: 'ddp' (every rank "
                   "holds the whole model), or 'fsdp' for full fine-tuning of a transformer")
-    check(cfg.compute.collective_timeout_s >= 1, "compute.collective_timeout_s must be >= 1 (seconds)")
-    check(o.lr > 0, "optim.lr must be > 0")
-    check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
-    check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
-    check(o.min_grad_norm >= 0, "optim.min_grad_norm must be >= 0 (0 = always step)")
     check(o.min_grad_norm == 0 or o.optimizer == "normalized_sgd",
           "optim.min_grad_norm is only defined for optim.optimizer='normalized_sgd'")
-    check(e.every >= 0, "eval.every must be >= 0")
-    check(e.n_samples >= 1, "eval.n_samples must be >= 1")
-    check(len(e.ks) >= 1 and all(1 <= k <= e.n_samples for k in e.ks),
-          f"eval.ks must be non-empty with every k in [1, eval.n_samples={e.n_samples}]")
-    check(e.temperature > 0, "eval.temperature must be > 0")
-    check(e.repeats >= 1, "eval.repeats must be >= 1 (1 = one evaluation per schedule point)")
-    check(t.num_train >= 1 and t.num_heldout >= 1, "task.num_train and task.num_heldout must be >= 1")
-    check(t.name != "arithmetic" or (t.digits and all(1 <= d <= 6 for d in t.digits)),
-          "task.digits must be a non-empty list of digit counts in 1..6")
-    check(t.name != "arithmetic" or (t.operators and set(t.operators) <= {"+", "-", "*"}),
-          "task.operators must be a non-empty subset of ['+', '-', '*']")
+    check(all(k <= e.n_samples for k in e.ks), f"eval.ks: every k must be <= eval.n_samples={e.n_samples}")
+    check(t.name != "arithmetic" or bool(t.digits), "task.digits: task.name='arithmetic' needs a digit count")
+    check(t.name != "arithmetic" or bool(t.operators), "task.operators: task.name='arithmetic' needs an operator")
     check(t.name != "reasoning_gym" or bool(t.dataset), "task.dataset is required when task.name='reasoning_gym'")
     check(t.name != "jsonl" or bool(t.path), "task.path is required when task.name='jsonl'")
     check(not t.gameable or t.name == "arithmetic", "task.gameable is only defined for task.name='arithmetic'")
@@ -655,25 +528,15 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           f"not {r.policy_loss!r}")
     check(r.policy_loss == "ppo_clip" or r.dual_clip is None,
           "recipe.dual_clip applies to recipe.policy_loss='ppo_clip' only (use 'delta' for the INTELLECT-2 cap)")
-    check(r.cispo_cap > 0, "recipe.cispo_cap must be > 0")
-    check(r.gmpo_eps > 0, "recipe.gmpo_eps must be > 0")
-    check(r.tau_pos > 0 and r.tau_neg > 0, "recipe.tau_pos and recipe.tau_neg must be > 0")
-    check(0 <= r.clip_cov_ratio <= 1, "recipe.clip_cov_ratio must be in [0, 1]")
     check(r.clip_cov_lb < r.clip_cov_ub, "recipe.clip_cov_lb must be < recipe.clip_cov_ub")
-    check(0 <= r.kl_cov_frac <= 1, "recipe.kl_cov_frac must be in [0, 1] (a fraction, not a percentage)")
-    check(r.kl_cov_coef >= 0, "recipe.kl_cov_coef must be >= 0")
     check(r.policy_loss != "delta" or r.delta >= 1 + r.eps_high,
           f"recipe.delta must be >= 1 + recipe.eps_high = {1 + r.eps_high} with recipe.policy_loss='delta'")
     check(r.policy_loss != "raft" or (r.baseline == "none" and r.scale == "none"),
           "recipe.policy_loss='raft' trains on rewarded samples: needs recipe.baseline='none' and recipe.scale='none'")
     check(r.policy_loss != "raft" or r.kl_coef == 0 or r.kl_placement == "loss",
           "recipe.policy_loss='raft': a KL penalty in the reward would change which samples count as rewarded")
-    check(0 < r.entropy_quantile <= 1, "recipe.entropy_quantile must be in (0, 1]")
     check(r.token_selection == "all" or r.policy_loss != "gmpo",
           "recipe.token_selection='top_entropy' needs a token-level loss; recipe.policy_loss='gmpo' is sequence-level")
-    check(r.pos_adv_weight >= 0 and r.neg_adv_weight >= 0, "recipe.pos_adv_weight and neg_adv_weight must be >= 0")
-    check(r.pos_nll_coef >= 0, "recipe.pos_nll_coef must be >= 0 (0 = off)")
-    check(r.adv_clip is None or r.adv_clip > 0, "recipe.adv_clip must be > 0 (or null for off)")
     check(r.adv_whiten != "token_returns" or (r.baseline == "none" and r.scale == "none"),
           "recipe.adv_whiten='token_returns' whitens raw returns: needs recipe.baseline='none' and recipe.scale='none'")
     check(r.adv_whiten != "token_returns" or r.kl_coef == 0 or r.kl_placement == "reward",
@@ -684,21 +547,14 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.adv_whiten='gae' puts the KL in the token rewards: needs recipe.kl_placement='reward'")
     check(r.adv_whiten != "gae" or r.policy_loss != "raft",
           "recipe.adv_whiten='gae' gives token-level advantages; recipe.policy_loss='raft' trains on rewarded samples")
-    check(0 <= r.gae_gamma <= 1 and 0 <= r.gae_lambda <= 1, "recipe.gae_gamma and recipe.gae_lambda must be in [0, 1]")
-    check(r.value_clip is None or r.value_clip > 0, "recipe.value_clip must be > 0 (or null for unclipped)")
-    check(r.vf_coef > 0, "recipe.vf_coef must be > 0")
-    check(r.critic_lr is None or r.critic_lr > 0, "recipe.critic_lr must be > 0 (or null for optim.lr)")
     check(r.adv_whiten == "none" or r.policy_loss != "gmpo",
           "recipe.adv_whiten gives token-level advantages; recipe.policy_loss='gmpo' needs one per completion")
-    check(r.ref_reset_every >= 0, "recipe.ref_reset_every must be >= 0 (0 = never)")
     check(r.ref_reset_every == 0 or r.kl_coef > 0,
           "recipe.ref_reset_every resets the KL reference, which exists only with recipe.kl_coef > 0")
     check(r.kl_target is None or (r.kl_target > 0 and r.kl_coef > 0),
           "recipe.kl_target must be > 0 and needs recipe.kl_coef > 0 (the initial coefficient)")
-    check(r.kl_horizon >= 1, "recipe.kl_horizon must be >= 1")
     check(r.is_correction == "none" or r.policy_loss != "gmpo",
           "recipe.is_correction weights tokens; recipe.policy_loss='gmpo' is sequence-level (use is_correction='none')")
-    check(1 <= t.code_workers <= 64, "task.code_workers must be in 1..64 (parallel sandbox slots)")
     check(t.name != "code" or not t.gameable, "task.gameable is not defined for task.name='code'")
     check(not t.rg_config or t.name == "reasoning_gym", "task.rg_config is only defined for task.name='reasoning_gym'")
     check(not {"seed", "size"} & set(t.rg_config),
@@ -710,7 +566,6 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(t.name != "mixture" or r.format_weight == 0,
           "task.name='mixture': recipe.format_weight must be 0 (each task has its own format)")
     for i, entry in enumerate(t.mixture):
-        check(entry.weight > 0, f"task.mixture[{i}].weight must be > 0")
         check(entry.name not in ("mixture", "toy_addition"),
               f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy)")
         if entry.name not in ("mixture", "toy_addition"):
@@ -719,7 +574,7 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
                 validate(dataclasses.replace(cfg, task=TaskConfig(**inner)))
             except ConfigError as err:
                 problems.extend(f"task.mixture[{i}]: {line.strip()[2:]}" for line in str(err).splitlines()[1:])
-    check(not t.pass_rate_band or (len(t.pass_rate_band) == 2 and 0 <= t.pass_rate_band[0] <= t.pass_rate_band[1] <= 1),
+    check(not t.pass_rate_band or (len(t.pass_rate_band) == 2 and t.pass_rate_band[0] <= t.pass_rate_band[1]),
           "task.pass_rate_band must be [lo, hi] with 0 <= lo <= hi <= 1 (or empty for no filter)")
     if t.name == "toy_addition":
         check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
@@ -787,29 +642,6 @@ def _dataset_problem(name: str) -> list[str]:
     near = [d for d in DATASETS if name.lower() in d or d in name.lower()][:8] or sorted(DATASETS)[:8]
     return [f"task.dataset: {name!r} is not a reasoning_gym dataset; e.g. {', '.join(near)} "
             f"({len(DATASETS)} in all: reasoning_gym.factory.DATASETS)"]
-
-
-def _numbers(cfg: RunConfig):
-    """(dotted name, value) of every float field (NaN and infinity parse as floats)."""
-    for name in _float_fields():
-        value = cfg
-        for part in name.split("."):
-            value = getattr(value, part)
-        if isinstance(value, float):
-            yield name, value
-
-
-@functools.cache
-def _float_fields(cls: type | None = None, prefix: str = "") -> tuple[str, ...]:
-    """Dotted names of the fields that may hold a float (annotations float or float | None)."""
-    out = []
-    for f in dataclasses.fields(cls or RunConfig):
-        tp = typing.get_type_hints(cls or RunConfig)[f.name]
-        if dataclasses.is_dataclass(tp):
-            out += _float_fields(tp, f"{prefix}{f.name}.")
-        elif tp is float or float in typing.get_args(tp):
-            out.append(f"{prefix}{f.name}")
-    return tuple(out)
 
 
 def rg_config_problems(dataset: str, rg_config: dict) -> list[str]:

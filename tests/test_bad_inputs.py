@@ -45,7 +45,7 @@ def run_folder(files: dict) -> dict:
 
 
 # (id, files to create, argv, substrings the message must contain)
-# argv may use {d} for the temporary folder; files are relative to it.
+# argv may use {d} for the temporary folder; files are relative to it ({cwd} in a file: the folder's name).
 CASES = [
     # --- run configs (ablate train) ---
     ("cfg-non-utf8", {"c.yaml": b"steps: 5\nname: \xff\xfe\n"}, ["train", "c.yaml"], ["c.yaml", "not UTF-8"]),
@@ -63,11 +63,11 @@ CASES = [
     ("cfg-preset-list", {"c.yaml": "preset: [grpo]\n"}, ["train", "c.yaml"], ["c.yaml", "preset", "grpo", "dr_grpo"]),
     ("cfg-preset-unknown", {"c.yaml": "preset: ppo2\n"}, ["train", "c.yaml"], ["c.yaml", "preset", "rloo"]),
     ("cfg-steps-string", {"c.yaml": "steps: ten\n"}, ["train", "c.yaml"], ["c.yaml", "steps", "expected int"]),
-    ("cfg-steps-zero", {"c.yaml": toy("").replace("steps: 250", "steps: 0")}, ["train", "c.yaml"], ["c.yaml", "steps must be >= 1"]),
-    ("cfg-seed-negative", {"c.yaml": toy("seed: -1\n")}, ["train", "c.yaml"], ["c.yaml", "seed and task.seed must be >= 0"]),
-    ("cfg-lr-inf", {"c.yaml": "optim:\n  lr: .inf\n"}, ["train", "c.yaml"], ["c.yaml", "optim.lr must be a finite number"]),
-    ("cfg-lr-nan", {"c.yaml": "optim:\n  lr: .nan\n"}, ["train", "c.yaml"], ["c.yaml", "optim.lr must be a finite number"]),
-    ("cfg-lr-negative", {"c.yaml": "optim:\n  lr: -1\n"}, ["train", "c.yaml"], ["c.yaml", "optim.lr must be > 0"]),
+    ("cfg-steps-zero", {"c.yaml": toy("").replace("steps: 250", "steps: 0")}, ["train", "c.yaml"], ["c.yaml", "steps: 0 is not allowed; allowed: an integer >= 1"]),
+    ("cfg-seed-negative", {"c.yaml": toy("seed: -1\n")}, ["train", "c.yaml"], ["c.yaml", "seed: -1 is not allowed; allowed: an integer >= 0"]),
+    ("cfg-lr-inf", {"c.yaml": "optim:\n  lr: .inf\n"}, ["train", "c.yaml"], ["c.yaml", "optim.lr: inf is not allowed; allowed: a number > 0"]),
+    ("cfg-lr-nan", {"c.yaml": "optim:\n  lr: .nan\n"}, ["train", "c.yaml"], ["c.yaml", "optim.lr: nan is not allowed"]),
+    ("cfg-lr-negative", {"c.yaml": "optim:\n  lr: -1\n"}, ["train", "c.yaml"], ["c.yaml", "optim.lr: -1.0 is not allowed; allowed: a number > 0"]),
     ("cfg-ks-too-big", {"c.yaml": "eval:\n  ks: [1, 99]\n"}, ["train", "c.yaml"], ["c.yaml", "eval.ks"]),
     ("cfg-task-name", {"c.yaml": "task:\n  name: chess\n"}, ["train", "c.yaml"], ["c.yaml", "task.name", "'arithmetic'", "'jsonl'"]),
     ("cfg-device", {"c.yaml": "device: gpu\n"}, ["train", "c.yaml"], ["c.yaml", "device", "'cpu'", "'cuda'"]),
@@ -103,7 +103,7 @@ CASES = [
     ("set-type", {"c.yaml": TOY}, ["train", "c.yaml", "--set", "steps=abc"], ["--set", "steps", "expected int"]),
     ("set-preset", {"c.yaml": TOY}, ["train", "c.yaml", "--set", "preset=nope"], ["--set preset", "c.yaml", "grpo"]),
     ("set-under-value", {"c.yaml": TOY}, ["train", "c.yaml", "--set", "seed.x=1"], ["--set seed.x=1", "c.yaml", "seed is a value"]),
-    ("set-lr-inf", {"c.yaml": TOY}, ["train", "c.yaml", "--set", "optim.lr=.inf"], ["c.yaml", "optim.lr must be a finite"]),
+    ("set-lr-inf", {"c.yaml": TOY}, ["train", "c.yaml", "--set", "optim.lr=.inf"], ["c.yaml", "optim.lr: inf is not allowed"]),
     # --- --out ---
     ("out-empty", {"c.yaml": TOY}, ["train", "c.yaml", "--out", ""], ["--out", "give a folder"]),
     ("out-file", {"c.yaml": TOY, "f.txt": "x"}, ["train", "c.yaml", "--out", "f.txt"], ["--out f.txt", "is a file"]),
@@ -152,11 +152,13 @@ CASES = [
      ["s.yaml", "exclude[0].arm", "unknown arm"]),
     ("spec-executor-name", {"toy.yaml": TOY, "s.yaml": spec(executor={"name": "k8s"})}, ["sweep", "plan", "s.yaml"],
      ["s.yaml", "executor.name", "local", "slurm"]),
-    ("spec-invalid-run", {"toy.yaml": TOY, "s.yaml": spec(grid={"recipe.eps_low": [0.1, 2.0]})}, ["sweep", "plan", "s.yaml"],
-     ["s.yaml", "invalid run", "recipe.eps_low"]),
+    ("spec-invalid-run", {"toy.yaml": TOY, "s.yaml": spec(grid={"recipe.eps_high": [0.1, 0.3]})}, ["sweep", "plan", "s.yaml"],
+     ["s.yaml", "invalid run", "recipe.eps_high"]),
+    ("spec-grid-out-of-domain", {"toy.yaml": TOY, "s.yaml": spec(grid={"recipe.eps_low": [0.1, 2.0]})},
+     ["sweep", "plan", "s.yaml"], ["s.yaml", "grid.recipe.eps_low[1]", "2.0 is not allowed", "[0, 1)"]),
     ("spec-model-missing", {"toy.yaml": "model:\n  path: ./gone\n", "s.yaml": spec()}, ["sweep", "plan", "s.yaml"],
      ["s.yaml", "model.path: no such folder"]),
-    ("spec-out-empty", {"toy.yaml": TOY, "s.yaml": spec()}, ["sweep", "plan", "s.yaml", "--out", ""], ["--out", "give a folder"]),
+    ("spec-out-empty", {"toy.yaml": TOY, "s.yaml": spec()}, ["sweep", "plan", "s.yaml", "--out", ""], ["--out", "'.' is not allowed", "a path naming"]),
     ("spec-out-file", {"toy.yaml": TOY, "s.yaml": spec(out="f.txt"), "f.txt": "x"}, ["sweep", "plan", "s.yaml"],
      ["s.yaml", "out", "is a file"]),
     ("sweep-status-corrupt-manifest", {"sw/manifest.json": "{not json"}, ["sweep", "status", "sw"],
@@ -200,6 +202,54 @@ CASES = [
      ["t.yaml", "duplicate key 'trials'"]),
     ("tune-status-new-study", {"toy.yaml": TOY, "t.yaml": search(out="tr")}, ["tune", "status", "t.yaml"],
      ["study.db", "does not exist"]),
+    # --- spec and storage errors (issue 22, item 5): wrong YAML types, meaningless values, storages ---
+    ("spec-name-list", {"toy.yaml": TOY, "s.yaml": spec(name=["a", "b"])}, ["sweep", "plan", "s.yaml"],
+     ["s.yaml", "name", "expected str"]),
+    ("spec-name-dotdot", {"toy.yaml": TOY, "s.yaml": spec(name="..")}, ["sweep", "plan", "s.yaml"],
+     ["s.yaml", "name", "not '.' or '..'"]),
+    ("spec-out-dot", {"toy.yaml": TOY, "s.yaml": spec(out=".")}, ["sweep", "plan", "s.yaml"],
+     ["s.yaml", "out", "a path naming a file or folder"]),
+    ("spec-out-is-cwd", {"toy.yaml": TOY, "s.yaml": spec(out="../{cwd}")}, ["sweep", "plan", "s.yaml"],
+     ["s.yaml: out", "the working folder or a folder above it"]),
+    ("spec-out-root", {"toy.yaml": TOY, "s.yaml": spec(out="/")}, ["sweep", "plan", "s.yaml"], ["s.yaml", "out"]),
+    ("spec-timeout-negative", {"toy.yaml": TOY, "s.yaml": spec(executor={"timeout_min": -5})},
+     ["sweep", "plan", "s.yaml"], ["s.yaml", "executor.timeout_min", "allowed: a number > 0"]),
+    ("spec-timeout-mapping", {"toy.yaml": TOY, "s.yaml": spec(executor={"timeout_min": {"a": 1}})},
+     ["sweep", "plan", "s.yaml"], ["s.yaml", "executor.timeout_min", "expected float"]),
+    ("spec-grid-weight-decay", {"toy.yaml": TOY, "s.yaml": spec(grid={"optim.weight_decay": [0.0, -0.1]})},
+     ["sweep", "plan", "s.yaml"], ["s.yaml", "grid.optim.weight_decay[1]", "allowed: a number >= 0"]),
+    ("sweep-out-dotdot", {"toy.yaml": TOY, "s.yaml": spec()}, ["sweep", "plan", "s.yaml", "--out", ".."],
+     ["--out", "'..' is not allowed"]),
+    ("tune-name-list", {"toy.yaml": TOY, "t.yaml": search(name=["t"])}, ["tune", "status", "t.yaml"],
+     ["t.yaml", "name", "expected str"]),
+    ("tune-inf-bound", {"toy.yaml": TOY, "t.yaml": search(search={"optim.lr": {"type": "float", "low": 0.1,
+                                                                              "high": float("inf")}})},
+     ["tune", "status", "t.yaml"], ["t.yaml", "search.optim.lr.high", "a finite number"]),
+    ("tune-bound-outside-field", {"toy.yaml": TOY, "t.yaml": search(search={"optim.weight_decay": {
+        "type": "float", "low": -1.0, "high": 1.0}})}, ["tune", "status", "t.yaml"],
+     ["t.yaml", "search.optim.weight_decay.low", "optim.weight_decay: -1.0 is not allowed"]),
+    ("tune-timeout-negative", {"toy.yaml": TOY, "t.yaml": search(executor={"timeout_min": -1})},
+     ["tune", "status", "t.yaml"], ["t.yaml", "executor.timeout_min", "a number > 0"]),
+    ("tune-heartbeat-mapping", {"toy.yaml": TOY, "t.yaml": search(heartbeat={"interval_s": {"a": 1}})},
+     ["tune", "status", "t.yaml"], ["t.yaml", "heartbeat.interval_s", "expected int"]),
+    ("tune-storage-folder", {"toy.yaml": TOY, "t.yaml": search(), "adir/x": ""},
+     ["tune", "run", "t.yaml", "--executor", "inline", "--storage", "sqlite:///adir"], ["--storage", "is a folder"]),
+    ("tune-storage-not-sqlite", {"toy.yaml": TOY, "t.yaml": search(), "db.txt": "not a database\n"},
+     ["tune", "run", "t.yaml", "--executor", "inline", "--storage", "sqlite:///db.txt"],
+     ["--storage", "not an SQLite database"]),
+    ("tune-storage-unreachable", {"toy.yaml": TOY, "t.yaml": search()},
+     ["tune", "run", "t.yaml", "--executor", "inline", "--storage", "postgresql://nobody@127.0.0.1:1/x"],
+     ["--storage", "cannot connect"]),
+    ("tune-storage-not-a-url", {"toy.yaml": TOY, "t.yaml": search()},
+     ["tune", "run", "t.yaml", "--executor", "inline", "--storage", "not-a-url"], ["--storage", "sqlite:///PATH"]),
+    ("tune-storage-parent-file", {"toy.yaml": TOY, "t.yaml": search(storage="sqlite:///f.txt/s.db"), "f.txt": "x"},
+     ["tune", "run", "t.yaml", "--executor", "inline"], ["t.yaml: storage", "is a file, not a folder"]),
+    ("tune-storage-journal-garbage", {"toy.yaml": TOY, "t.yaml": search(storage="journal:j.log"), "j.log": "x\n"},
+     ["tune", "run", "t.yaml", "--executor", "inline"], ["t.yaml: storage", "not an Optuna journal"]),
+    ("profile-cpus-negative", {"toy.yaml": TOY, "s.yaml": spec(), "p.yaml": "cpus: -2\n"},
+     ["sweep", "run", "s.yaml", "--profile", "p.yaml"], ["p.yaml", "cpus", "an integer >= 1"]),
+    ("profile-setup-mapping", {"toy.yaml": TOY, "s.yaml": spec(), "p.yaml": "setup: {a: 1}\n"},
+     ["sweep", "run", "s.yaml", "--profile", "p.yaml"], ["p.yaml", "setup", "expected a list"]),
     # --- report ---
     ("report-reps-0", {"r/x": ""}, ["report", "r", "--reps", "0"], ["--reps 0", ">= 1"]),
     ("report-ci", {"r/x": ""}, ["report", "r", "--ci", "magic"], ["--ci 'magic'", "percentile", "bca"]),
@@ -247,7 +297,8 @@ def test_hostile_input_exits_2_naming_file_and_field_and_writes_nothing(tmp_path
     else:
         for name, body in files.items():
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name).write_bytes(body if isinstance(body, bytes) else body.encode())
+            body = body if isinstance(body, bytes) else body.replace("{cwd}", tmp_path.name).encode()
+            (tmp_path / name).write_bytes(body)
     before = snapshot(tmp_path)
     res = invoke(tmp_path, argv, monkeypatch)
     out = res.output

@@ -123,7 +123,7 @@ def test_explained_variance_worked_example():
     ({"adv_whiten": "gae"}, "recipe.adv_whiten='gae': the critic is the baseline"),
     ({"preset_": "ppo", "kl_placement": "loss"}, "kl_placement='reward'"),
     ({"preset_": "ppo", "value_clip": 0.0}, "recipe.value_clip"),
-    ({"preset_": "ppo", "gae_lambda": 1.5}, "recipe.gae_gamma and recipe.gae_lambda"),
+    ({"preset_": "ppo", "gae_lambda": 1.5}, "recipe.gae_lambda: 1.5 is not allowed; allowed: a number in \\[0, 1\\]"),
     ({"preset_": "ppo", "vf_coef": 0.0}, "recipe.vf_coef"),
     ({"preset_": "ppo", "critic_lr": -1.0}, "recipe.critic_lr"),
 ])

@@ -45,7 +45,7 @@ def test_profile_shape_gives_submitit_nodes_tasks_and_gpus(tmp_path, keys, shape
     ({"tasks_per_node": 0}, ["tasks_per_node: 0", ">= 1"]),
     ({"gpus": -1}, ["gpus: -1", ">= 0"]),
     ({"gpus": 8, "tasks_per_node": 4}, ["tasks_per_node: 4", "gpus: 8", "must be 8"]),
-    ({"nodes": "two"}, ["nodes", "wrong type"]),
+    ({"nodes": "two"}, ["nodes", "expected int, got 'two'"]),
     ({"additional": {"ntasks-per-node": 4}}, ["additional.ntasks-per-node", "nodes, gpus and tasks_per_node"]),
 ])
 def test_bad_profile_shape_names_file_field_and_allowed_values(tmp_path, keys, words):
@@ -209,7 +209,7 @@ def test_local_sweep_with_two_tasks_per_run_gives_the_one_process_runs(tmp_path,
 
 @pytest.mark.parametrize("executor, words", [
     ({"tasks_per_node": 0}, ["executor.tasks_per_node", "0 is not allowed", ">= 1"]),
-    ({"tasks_per_node": "two"}, ["executor.tasks_per_node", "wrong type"]),
+    ({"tasks_per_node": "two"}, ["executor.tasks_per_node", "expected int, got 'two'"]),
     ({"tasks_per_node": 2, "name": "slurm"}, ["executor.tasks_per_node: 2", "local executor only", "profile"]),
     ({"tasks_per_node": 2, "name": "debug"}, ["executor.tasks_per_node: 2", "local executor only", "one process"]),
 ])

@@ -219,7 +219,7 @@ def test_compute_section_is_strict_and_not_in_the_run_id():
     tuned = parse({"compute": {"micro_batch_tokens": 4096, "gradient_checkpointing": True, "deterministic": True,
                                "fp32_logits": False, "threads": 2}})
     assert run_id(base) == run_id(tuned) and tuned.compute.micro_batch_tokens == 4096
-    with pytest.raises(ConfigError, match="compute.micro_batch_tokens must be >= 0"):
+    with pytest.raises(ConfigError, match="compute.micro_batch_tokens: -1 is not allowed; allowed: an integer >= 0"):
         parse({"compute": {"micro_batch_tokens": -1}})
     with pytest.raises(ConfigError, match="compute.budget: unknown key"):
         parse({"compute": {"budget": 1}})

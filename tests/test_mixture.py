@@ -43,7 +43,7 @@ def test_mixture_builds_delegates_and_round_trips():
     ({"name": "mixture", "mixture": [{"name": "arithmetic"}]}, ">= 2 entries"),
     ({"name": "mixture", "mixture": [{"name": "arithmetic", "weight": -1}, {"name": "code"}]}, r"mixture\[0\].weight"),
     ({"name": "mixture", "mixture": [{"name": "arithmetic", "digits": [9]}, {"name": "code"}]},
-     r"task.mixture\[0\]: task.digits"),
+     r"task.mixture\[0\].digits\[0\]: 9 is not allowed"),
     ({"name": "mixture", "mixture": [{"name": "mixture"}, {"name": "code"}]}, "no nested mixtures"),
     ({"name": "arithmetic", "mixture": [{"name": "code"}, {"name": "code"}]}, "only defined for task.name='mixture'"),
 ])

@@ -108,11 +108,11 @@ def test_pending_batches_round_trip_through_plain_data():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["recipe.staleness=-1"], "recipe.staleness must be >= 0"),
+    (["recipe.staleness=-1"], "recipe.staleness: -1 is not allowed; allowed: an integer >= 0"),
     (["steps=3", "recipe.staleness=3"], "recipe.staleness must be < steps"),
     (["recipe.is_correction=icepop", "recipe.is_lo=0.5"], "needs both recipe.is_lo and recipe.is_hi"),
     (["recipe.is_correction=seq_geo_mask"], "needs both recipe.is_lo and recipe.is_hi"),
-    (["recipe.is_cap=0"], "recipe.is_cap must be > 0"),
+    (["recipe.is_cap=0"], "recipe.is_cap: 0.0 is not allowed; allowed: a number > 0"),
     (["recipe.is_lo=2", "recipe.is_hi=1"], "recipe.is_lo must be <= recipe.is_hi"),
     (["recipe.is_correction=mis", "recipe.is_lo=3"], "recipe.is_lo must be <= recipe.is_cap"),
     (["recipe.is_correction=vtrace"], "allowed values: 'none', 'tis'"),

@@ -31,7 +31,7 @@ def run(cfg, path):
     ({"policy_loss": "delta", "delta": 1.1, "eps_high": 0.28}, "recipe.delta"),
     ({"cispo_cap": 0.0}, "recipe.cispo_cap"),
     ({"gmpo_eps": -0.1}, "recipe.gmpo_eps"),
-    ({"tau_neg": 0.0}, "recipe.tau_pos"),
+    ({"tau_neg": 0.0}, "recipe.tau_neg"),
     ({"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, "recipe.clip_cov_lb"),
     ({"kl_cov_frac": 20.0}, "recipe.kl_cov_frac"),
     ({"policy_loss": "raft"}, "recipe.policy_loss='raft'"),
@@ -39,7 +39,7 @@ def run(cfg, path):
     ({"entropy_quantile": 0.0}, "recipe.entropy_quantile"),
     ({"adv_clip": 0.0}, "recipe.adv_clip"),
     ({"pos_nll_coef": -1.0}, "recipe.pos_nll_coef"),
-    ({"neg_adv_weight": -1.0}, "recipe.pos_adv_weight"),
+    ({"neg_adv_weight": -1.0}, "recipe.neg_adv_weight"),
 ])
 def test_validate_rejects(recipe, field):
     with pytest.raises(ConfigError, match=field.replace("(", r"\(")):

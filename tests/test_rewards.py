@@ -24,5 +24,5 @@ def test_format_anneal_config_checks():
     assert parse({"recipe": {"format_weight": 0.2, "format_anneal_steps": 100}}).recipe.format_anneal_steps == 100
     with pytest.raises(ConfigError, match="format_anneal_steps anneals recipe.format_weight, which is 0"):
         parse({"recipe": {"format_anneal_steps": 100}})
-    with pytest.raises(ConfigError, match="format_anneal_steps must be >= 0"):
+    with pytest.raises(ConfigError, match="format_anneal_steps: -1 is not allowed; allowed: an integer >= 0"):
         parse({"recipe": {"format_weight": 0.2, "format_anneal_steps": -1}})

@@ -35,28 +35,37 @@ def write(tmp_path, d, name="spec.yaml") -> Path:
 
 BAD = [  # (change to the spec, the key named in the message, words of the message)
     (dict(serach={}), "serach", "unknown key"),
-    (dict(search={"optim.lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}), "search.optim.lr.low",
-     "log range needs low > 0"),
+    (dict(search={"optim.weight_decay": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}),
+     "search.optim.weight_decay.low", "log range needs low > 0"),
+    (dict(search={"optim.lr": {"type": "float", "low": 0.0, "high": 1.0}}), "search.optim.lr.low",
+     "optim.lr: 0.0 is not allowed; allowed: a number > 0"),  # bounds lie in the field's domain
+    (dict(search={"optim.lr": {"type": "float", "low": 0.1, "high": float("inf")}}), "search.optim.lr.high",
+     "inf is not allowed; allowed: a finite number"),
+    (dict(search={"optim.lr": {"type": "float", "low": [0.1], "high": 1.0}}), "search.optim.lr.low", "expected int"),
     (dict(search={"recipe.scale": {"type": "categorical", "choices": []}}), "search.recipe.scale.choices",
-     "non-empty list"),
-    (dict(search={"recipe.scale": []}), "search.recipe.scale.choices", "non-empty list"),
+     "a list of at least 1 item"),
+    (dict(search={"recipe.scale": []}), "search.recipe.scale.choices", "a list of at least 1 item"),
     (dict(search={"optim.learning_rate": [0.1, 1.0]}), "search.optim.learning_rate", "not a config field"),
     (dict(search={"optim.lr": {"type": "float", "low": 0.1, "high": 1.0, "logg": True}}), "search.optim.lr.logg",
      "unknown key"),
     (dict(search={"recipe.scale": ["group", "sometimes"]}), "search.recipe.scale.choices[1]", "not allowed"),
-    (dict(search={"preset": ["grpo", "ppo2"]}), "search.preset.choices[1]", "unknown preset"),
+    (dict(search={"preset": ["grpo", "ppo2"]}), "search.preset.choices[1]", "allowed: one of grpo, dr_grpo"),
     (dict(search={"optim.lr": {"type": "float", "low": 1.0, "high": 0.5}}), "search.optim.lr", "low < high"),
     (dict(search={"recipe.kl_estimator": {"type": "categorical", "choices": ["k1"],
                                           "when": {"recipe.kl_coef": {"gt": 0}}},
                   "recipe.kl_coef": [0.0, 0.1]}), "search.recipe.kl_estimator.when.recipe.kl_coef", "listed before"),
     (dict(objective={"metric": "eval/pass@4"}), "objective.metric", "not a held-out metric"),
-    (dict(objective={"metric": "eval/pass@1", "direction": "up"}), "objective.direction", "maximize or minimize"),
-    (dict(sampler={"name": "bayes"}), "sampler.name", "expected one of"),
+    (dict(objective={"metric": "eval/pass@1", "direction": "up"}), "objective.direction", "allowed values: 'maximize', 'minimize'"),
+    (dict(sampler={"name": "bayes"}), "sampler.name", "allowed values: 'tpe', 'random'"),
     (dict(sampler={"name": "random", "n_startup_trials": 3}), "sampler.n_startup_trials", "not an option of random"),
-    (dict(pruner={"name": "median", "n_startup_trials": -1}), "pruner", ""),
+    (dict(pruner={"name": "median", "n_startup_trials": -1}), "pruner.n_startup_trials", "allowed: an integer >= 0"),
+    (dict(heartbeat={"interval_s": 0}), "heartbeat.interval_s", "allowed: an integer >= 1"),
+    (dict(executor={"timeout_min": -5}), "executor.timeout_min", "allowed: a number > 0"),
+    (dict(objective=["eval/pass@1"]), "objective", "expected a mapping"),
     (dict(sampler={"name": "grid"}), "search.optim.lr", "needs a `step`"),
     (dict(trials=0), "trials", "integer >= 1"),
     (dict(storage="study.db"), "storage", "journal:PATH"),
+    (dict(storage=["sqlite:///x.db"]), "storage", "expected str"),
     (dict(base={"config": TOY, "overrides": {"optim.lrr": 1.0}}), "base.overrides.optim.lrr", "not a config field"),
 ]
 
@@ -82,7 +91,7 @@ def test_cli_bad_spec_exits_2_before_any_study(tmp_path):
     p = write(tmp_path, spec_dict(search={"recipe.scale": []}))
     res = CliRunner().invoke(tune_app, [str(p), "--workers", "2", "--out", str(tmp_path / "out")])
     assert res.exit_code == 2
-    assert f"{p}: search.recipe.scale.choices: expected a non-empty list" in res.output
+    assert f"{p}: search.recipe.scale.choices: [] is not allowed; allowed: a list of at least 1" in res.output
     assert not (tmp_path / "out").exists()  # no study, no run folder
 
 

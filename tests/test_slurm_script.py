@@ -61,7 +61,10 @@ def test_control_characters_in_a_profile_are_refused(tmp_path, case):
 def test_newline_in_the_sweep_name_or_runs_root_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SpecError, match="spec.yaml: name: .*control characters"):
         sweep(tmp_path, name="toy\ntouch pwned")
-    s = sweep(tmp_path, out=tmp_path / "runs\ntouch pwned")
+    with pytest.raises(SpecError, match="spec.yaml: out: .*control characters"):
+        sweep(tmp_path, out=tmp_path / "runs\ntouch pwned")
+    s = sweep(tmp_path)
+    s.out = tmp_path / "runs\ntouch pwned"  # set past the spec's check: the launcher checks again
     monkeypatch.setenv("PATH", f"{fake_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(SpecError, match="out .*control characters"):
         launch(s, expand(s), "slurm")

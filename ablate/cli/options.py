@@ -43,6 +43,21 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def runs_root_problem(out: Path, where: str) -> str | None:
+    """Why `out` cannot be a sweep's or a search's runs root, or None: it must name a folder of its own, not
+    the working folder or one above it (its manifest and run folders would land among the user's files)."""
+    from ablate.schema import PathName
+
+    if not PathName().ok(str(out)):
+        return f"{where}: {str(out)!r} is not allowed; allowed: {PathName()}"
+    here, path = Path.cwd().resolve(), out.resolve()
+    if path == here or path in here.parents:
+        return f"{where}: {out} is the working folder or a folder above it; give a folder of its own (e.g. runs/NAME)"
+    if path.exists() and not path.is_dir():
+        return f"{where}: {out} is a file, not a folder"
+    return None
+
+
 def check_choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:
     if value is not None and value not in allowed:
         fail(f"{flag} {value!r}: expected one of {', '.join(allowed)}")

@@ -22,6 +22,7 @@ from ablate.cli.options import (
     check_choice,
     fail,
     new_app,
+    runs_root_problem,
     short_keys,
     table_width,
     text_table,
@@ -44,12 +45,10 @@ def _load(spec: Path, out: Path | None = None):
         fail(str(err))
     for w in caught:
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
-    if out is not None:
-        if str(out).strip() in ("", "."):
-            fail(f"--out {str(out)!r}: give a folder (an empty value would use the current one)")
-        sweep.out = out
-    if sweep.out.exists() and not sweep.out.is_dir():
-        fail(f"{spec}: out: {sweep.out} is a file, not a folder")
+    problem = runs_root_problem(out if out is not None else sweep.out, "--out" if out is not None else f"{spec}: out")
+    if problem:
+        fail(problem)
+    sweep.out = out if out is not None else sweep.out
     return sweep, runs
 
 
@@ -87,7 +86,7 @@ def run(spec: SweepSpec,
         executor: str | None = typer.Option(None, "--executor", metavar="NAME",
                                             help="local | slurm | debug (default: spec, else local)"),
         profile: Profile = None,
-        max_parallel: int | None = typer.Option(None, "--max-parallel", metavar="N",
+        max_parallel: int | None = typer.Option(None, "--max-parallel", metavar="N", min=1,
                                                 help="local: processes; slurm: array parallelism"),
         out: RunsRoot = None,
         quiet: Quiet = False,

@@ -29,6 +29,7 @@ from ablate.cli.options import (
     check_choice,
     fail,
     new_app,
+    runs_root_problem,
     short_keys,
     table_width,
     text_table,
@@ -201,10 +202,17 @@ def _load(spec: Path, out: Path | None, storage: str | None):
     """A bad spec exits 2 with the message (file and key) before any study or trial exists."""
     from ablate.experiments.search import SpecError, load_search
 
+    problem = runs_root_problem(out, "--out") if out is not None else None
+    if problem:
+        fail(problem)
     try:
-        return load_search(spec, out, storage)
+        s = load_search(spec, out, storage)
     except SpecError as err:
         fail(str(err))
+    problem = runs_root_problem(s.out, f"{spec}: out")
+    if problem:
+        fail(problem)
+    return s
 
 
 Storage = typer.Option(None, "--storage", metavar="URL", help="sqlite:///PATH | journal:PATH | postgresql://... "
@@ -215,7 +223,8 @@ Storage = typer.Option(None, "--storage", metavar="URL", help="sqlite:///PATH | 
 def run(spec: SearchSpec,
         executor: str | None = typer.Option(None, "--executor", metavar="NAME",
                                             help="local | slurm | inline (default: the spec's)"),
-        workers: int | None = typer.Option(None, "--workers", metavar="N", help="worker processes / array tasks"),
+        workers: int | None = typer.Option(None, "--workers", metavar="N", min=1,
+                                           help="worker processes / array tasks"),
         storage: str | None = Storage,
         profile: Profile = None,
         out: RunsRoot = None):

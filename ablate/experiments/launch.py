@@ -13,6 +13,7 @@ and pickles live in `<out>/.submitit/<submission>/`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -22,21 +23,45 @@ import signal
 import subprocess
 import time
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import submitit
 
 from ablate.experiments.sweep import RunSpec, SpecError, Sweep
 from ablate.runs.store import RunStore, atomic_write
+from ablate.schema import Count, Line, Natural, NonEmptyLine, Text, parse_section
 
 MANIFEST = "manifest.json"
 SKIP = ("completed", "diverged", "pruned")        # finished: never resubmitted
 RESUBMIT = ("failed", "cancelled", "missing")
 ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "PREEMPTED")
-PROFILE_KEYS = {"partition": str, "time": (int, str), "gpus": int, "cpus": int, "mem": (int, str), "account": str,
-                "qos": str, "constraint": str, "setup": list, "array_parallelism": int, "signal_delay_s": int,
-                "additional": dict, "nodes": int, "tasks_per_node": int}
+
+
+@dataclass(frozen=True)
+class SlurmProfile:
+    """The keys of a SLURM profile YAML, their types and domains (null = unset); load_profile maps them to
+    submitit's parameters. slurm/profiles/example.yaml shows every key."""
+
+    partition: NonEmptyLine | None = None
+    time: Count | NonEmptyLine | None = None       # minutes, or a SLURM time ('4:00:00', '1-00:00')
+    gpus: Natural | None = None                     # per node
+    cpus: Count | None = None                       # per task
+    mem: Count | Annotated[str, Text(min_len=1, pattern=r"\d+[KMGT]?B?", what="digits and a unit K, M, G or T")] \
+        | None = None                               # an integer is GB
+    account: NonEmptyLine | None = None
+    qos: NonEmptyLine | None = None
+    constraint: NonEmptyLine | None = None
+    setup: tuple[Line, ...] | None = None           # shell lines run before the job
+    array_parallelism: Count | None = None
+    signal_delay_s: Count | None = None
+    additional: dict[str, Any] | None = None        # more sbatch options: name -> scalar
+    nodes: Count | None = None
+    tasks_per_node: Count | None = None
+
+
+PROFILE_KEYS = tuple(f.name for f in dataclasses.fields(SlurmProfile))
 # sbatch options that set a run's shape: only through the profile keys `nodes`, `gpus`, `tasks_per_node`
 SHAPE_OPTIONS = ("nodes", "ntasks", "ntasks-per-node", "ntasks_per_node", "gpus-per-node", "gpus_per_node")
 
@@ -351,11 +376,8 @@ def load_profile(path: str | Path) -> dict:
     data = read_spec_file(path, "SLURM profile") or {}
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of {', '.join(PROFILE_KEYS)}")
-    for k, v in data.items():
-        if k not in PROFILE_KEYS:
-            raise SpecError(f"{path}: {k}: unknown key; valid keys: {', '.join(PROFILE_KEYS)}")
-        if not isinstance(v, PROFILE_KEYS[k]) or isinstance(v, bool):
-            raise SpecError(f"{path}: {k}: wrong type {v!r}")
+    parse_section(SlurmProfile, data, str(path), SpecError)  # keys, types and domains
+    data = {k: v for k, v in data.items() if v is not None}
     for k, v in data.items():  # nothing that reaches the batch script may break a line
         entries = ([(f"{k}.{a}", a, b) for a, b in v.items()] if isinstance(v, dict) else
                    [(f"{k}[{i}]", None, b) for i, b in enumerate(v)] if isinstance(v, list) else [(k, None, v)])
@@ -389,9 +411,6 @@ def _shape(path: Path, data: dict) -> dict:
     `tasks_per_node`, `gpus_per_node`. One task is one rank of the run (torch.distributed): one rank per
     GPU, so with GPUs `tasks_per_node` is `gpus`; without GPUs `tasks_per_node` sets the CPU ranks.
     A job array has this shape for every array task: each task of the array is one multi-rank run."""
-    for key, low in (("nodes", 1), ("tasks_per_node", 1), ("gpus", 0)):
-        if key in data and data[key] < low:
-            raise SpecError(f"{path}: {key}: {data[key]} is not allowed; expected an integer >= {low}")
     gpus = data.get("gpus", 0)
     tasks = data.get("tasks_per_node", gpus or 1)
     if gpus and tasks != gpus:

@@ -11,8 +11,10 @@ pasted into a sweep reproduces its run ids; it trains one normal run folder per 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import importlib.util
+import json
 import os
 import random
 import threading
@@ -20,7 +22,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
@@ -29,29 +31,121 @@ from optuna.trial import TrialState
 from ablate import config as C
 from ablate.experiments import sweep as S
 from ablate.experiments.sweep import SpecError
+from ablate.schema import (
+    Choice,
+    Count,
+    Integer,
+    Length,
+    Natural,
+    NonEmptyLine,
+    Positive,
+    Range,
+    Text,
+    parse_section,
+    value_problems,
+)
 
-TOP_KEYS = ("name", "description", "base", "search", "objective", "trials", "seeds", "sampler", "pruner",
-            "storage", "heartbeat", "executor", "slurm_profile", "out")
-RANGE = ("type", "low", "high", "log", "step", "when")
-PARAM_KEYS = {"float": RANGE, "int": RANGE, "categorical": ("type", "choices", "when")}
-SAMPLERS = {"tpe": (optuna.samplers.TPESampler, ("seed", "n_startup_trials", "multivariate", "group",
-                                                 "constant_liar")),
-            "random": (optuna.samplers.RandomSampler, ("seed",)),
-            "grid": (optuna.samplers.RandomSampler, ("seed",)),  # never samples: the grid is enqueued (open_study)
-            "cmaes": (optuna.samplers.CmaEsSampler, ("seed", "n_startup_trials", "sigma0", "restart_strategy"))}
-PRUNERS = {"median": (optuna.pruners.MedianPruner, ("n_startup_trials", "n_warmup_steps", "interval_steps")),
-           "hyperband": (optuna.pruners.HyperbandPruner, ("min_resource", "max_resource", "reduction_factor")),
-           "none": (optuna.pruners.NopPruner, ())}
+SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+            "grid": optuna.samplers.RandomSampler,  # never samples: the grid is enqueued (open_study)
+            "cmaes": optuna.samplers.CmaEsSampler}
+PRUNERS = {"median": optuna.pruners.MedianPruner, "hyperband": optuna.pruners.HyperbandPruner,
+           "none": optuna.pruners.NopPruner}
+# the options each sampler / pruner takes (their types and domains: SamplerSection, PrunerSection)
+OPTIONS = {"tpe": ("seed", "n_startup_trials", "multivariate", "group", "constant_liar"), "random": ("seed",),
+           "grid": ("seed",), "cmaes": ("seed", "n_startup_trials", "sigma0", "restart_strategy"),
+           "median": ("n_startup_trials", "n_warmup_steps", "interval_steps"),
+           "hyperband": ("min_resource", "max_resource", "reduction_factor"), "none": ()}
+SamplerSeed = Annotated[int, Integer(0, 2**31 - 1)]  # numpy's RandomState, plus the worker number
+
+
+@dataclass(frozen=True)
+class SamplerSection:
+    name: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    seed: SamplerSeed | None = None
+    n_startup_trials: Natural | None = None
+    multivariate: bool | None = None
+    group: bool | None = None
+    constant_liar: bool | None = None
+    sigma0: Positive | None = None
+    restart_strategy: Literal["ipop", "bipop"] | None = None
+
+
+@dataclass(frozen=True)
+class PrunerSection:
+    name: Literal["median", "hyperband", "none"] = "median"
+    n_startup_trials: Natural | None = None
+    n_warmup_steps: Natural | None = None
+    interval_steps: Count | None = None
+    min_resource: Count | None = None
+    max_resource: Count | None = None
+    reduction_factor: Annotated[int, Integer(min=2)] | None = None
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: NonEmptyLine | None = None       # required: a held-out metric of the base config
+    direction: Literal["maximize", "minimize"] = "maximize"
+    last_k: Count = 1
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    interval_s: Count = 60
+    grace_period_s: Count = 180
+    max_retry: Natural = 3
+
+
+@dataclass(frozen=True)
+class TuneExecutor:
+    name: Literal["local", "slurm"] = "local"
+    workers: Count = 1
+    timeout_min: S.Minutes | None = None
+
+
+Number = Annotated[int, Range()] | Annotated[float, Range()]  # finite
+
+
+@dataclass(frozen=True)
+class ParamSection:
+    """One `search:` entry written as a mapping (a plain list is `categorical` choices)."""
+
+    type: Literal["float", "int", "categorical"]
+    low: Number | None = None
+    high: Number | None = None
+    log: bool = False
+    step: Annotated[int, Range(0, lo_open=True)] | Annotated[float, Range(0, lo_open=True)] | None = None
+    choices: Annotated[tuple[Any, ...], Length(min=1)] | None = None
+    when: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SearchSchema:
+    """The keys of a search spec; name, base, seeds, slurm_profile and out are a sweep spec's (SweepSchema)."""
+
+    name: Any = None
+    description: Annotated[str, Text(lines=True)] | None = None
+    base: Any = None
+    search: dict[str, Any] | None = None
+    objective: Objective | None = None
+    trials: Count | None = None              # default: the grid's size with sampler grid
+    seeds: Any = None
+    sampler: SamplerSection | None = None
+    pruner: PrunerSection | None = None
+    storage: NonEmptyLine | None = None      # checked at the boundary: check_storage
+    heartbeat: Heartbeat | None = None
+    executor: TuneExecutor | None = None
+    slurm_profile: Any = None
+    out: Any = None
+
+
+SWEEP_PART = ("name", "base", "seeds", "slurm_profile", "out")
+STORAGES = ("sqlite:///", "journal:", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://",
+            "mysql://", "mysql+pymysql://")
+HEARTBEAT = dataclasses.asdict(Heartbeat())
 OPS = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "in": lambda a, b: a in b}
 EVAL_METRICS = ("greedy_acc", "reward_mean", "completion_len_mean", "frac_never_solved", "frac_always_solved",
                 "train_minus_heldout_reward")
-STORAGES = ("sqlite:///", "journal:", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://",
-            "mysql://", "mysql+pymysql://")
-SAMPLER_TYPES = {"seed": int, "n_startup_trials": int, "multivariate": bool, "group": bool, "constant_liar": bool,
-                 "sigma0": (int, float), "restart_strategy": str, "n_warmup_steps": int, "interval_steps": int,
-                 "min_resource": int, "max_resource": int, "reduction_factor": int}
-HEARTBEAT = {"interval_s": 60, "grace_period_s": 180, "max_retry": 3}
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")  # we beat it
 
@@ -105,69 +199,47 @@ def load_search(path: str | Path, out: str | Path | None = None, storage: str | 
         if not ok:
             raise SpecError(f"{source}: {key}: {msg}")
 
-    def section(key: str, allowed, **defaults) -> dict:
-        body = raw.get(key) or {}
-        need(isinstance(body, dict), key, "expected a mapping")
-        for k in body:
-            need(k in allowed, f"{key}.{k}", f"unknown key; valid keys: {', '.join(allowed)}")
-        return {**defaults, **body}
-
-    need(isinstance(raw, dict), "(top level)", "expected a mapping")
-    for k in raw:
-        need(k in TOP_KEYS, str(k), f"unknown key; valid keys: {', '.join(TOP_KEYS)}")
+    schema = parse_section(SearchSchema, raw, source, SpecError)  # keys, types and domains
     # the sweep spec's part: name, base (config / preset / overrides), seeds, slurm_profile, out
-    sw = S.parse_spec({k: raw[k] for k in ("name", "base", "seeds", "slurm_profile", "out") if k in raw}, source,
-                      path.parent)
+    sw = S.parse_spec({k: raw[k] for k in SWEEP_PART if k in raw}, source, path.parent)
     sw.overrides = {"tracking.wandb.job_type": "tune-trial", **sw.overrides}
     sw.out = Path(out or sw.out).resolve()  # absolute: workers may start in another directory
     base_runs = S.expand(sw)  # the base config itself must be valid
     cfg = base_runs[0].config
 
-    search = raw.get("search")
-    need(isinstance(search, dict) and len(search) > 0, "search", "required: a mapping of config key -> distribution")
+    need(bool(schema.search), "search", "required: a mapping of config key -> distribution")
     params: list[Param] = []
-    for k, v in search.items():
-        params.append(_param(f"search.{k}", k, v, [p.key for p in params], need))
+    for k, v in schema.search.items():
+        params.append(_param(f"search.{k}", k, v, [p.key for p in params], need, source))
 
-    obj = section("objective", ("metric", "direction", "last_k"), direction="maximize", last_k=1)
+    obj = schema.objective or Objective()
     known = [f"eval/pass@{k}" for k in cfg.eval.ks] + [f"eval/{m}" for m in EVAL_METRICS] \
         + ["eval/pass@1_exact"] * (cfg.task.name == "toy_addition")
-    need(obj.get("metric") in known, "objective.metric",
-         f"{obj.get('metric')!r} is not a held-out metric of this config; one of: {', '.join(known)}")
-    need(obj["direction"] in ("maximize", "minimize"), "objective.direction", "expected maximize or minimize")
-    need(type(obj["last_k"]) is int and obj["last_k"] >= 1, "objective.last_k", "expected an integer >= 1")
-    for key, table, default in (("sampler", SAMPLERS, "tpe"), ("pruner", PRUNERS, "median")):
-        body = raw[key] = section(key, ["name", *sorted({o for _, opts in table.values() for o in opts})], name=default)
-        need(body["name"] in table, f"{key}.name", f"expected one of {', '.join(table)}")
-        opts = table[body["name"]][1]
-        for k in body:
-            need(k == "name" or k in opts, f"{key}.{k}", f"not an option of {body['name']} ({', '.join(opts)})")
-            tp = SAMPLER_TYPES.get(k)
-            need(tp is None or isinstance(body[k], tp) and (tp is bool or not isinstance(body[k], bool)),
-                 f"{key}.{k}", f"expected {getattr(tp, '__name__', 'a number')}, got {body[k]!r}")
+    need(obj.metric in known, "objective.metric",
+         f"{obj.metric!r} is not a held-out metric of this config; one of: {', '.join(known)}")
+    for key, body in (("sampler", schema.sampler or SamplerSection()), ("pruner", schema.pruner or PrunerSection())):
+        given = {k: v for k, v in dataclasses.asdict(body).items() if v is not None and k != "name"}
+        for k in given:
+            need(k in OPTIONS[body.name], f"{key}.{k}",
+                 f"not an option of {body.name} ({', '.join(OPTIONS[body.name]) or 'none'})")
+        raw[key] = {"name": body.name, **given}
     grid = raw["sampler"]["name"] == "grid"
     for p in params if grid else ():
         need(p.kind == "categorical" or p.step is not None or p.kind == "int" and not p.log, f"search.{p.key}",
              "the grid sampler needs a `step` for floats (and no log ints)")
     need(raw["sampler"]["name"] != "cmaes" or importlib.util.find_spec("cmaes") is not None, "sampler.name",
          "cmaes needs the `cmaes` package (pip install cmaes)")
-    heartbeat = section("heartbeat", HEARTBEAT, **HEARTBEAT)
-    need(all(type(v) is int and v >= (k != "max_retry") for k, v in heartbeat.items()), "heartbeat",
-         "interval_s and grace_period_s: integers >= 1, max_retry: an integer >= 0")
-    executor = section("executor", ("name", "workers", "timeout_min"), name="local", workers=1)
-    need(executor["name"] in ("local", "slurm") and type(executor["workers"]) is int and executor["workers"] >= 1,
-         "executor", "name: local or slurm; workers: an integer >= 1")
+    heartbeat = dataclasses.asdict(schema.heartbeat or Heartbeat())
+    executor = dataclasses.asdict(schema.executor or TuneExecutor())
+    executor = {k: v for k, v in executor.items() if v is not None}
     grid_size = len(grid_points(params)) if grid else None
-    n_trials = raw.get("trials", grid_size)
-    need(type(n_trials) is int and n_trials >= 1, "trials", "required: an integer >= 1")
+    n_trials = schema.trials if schema.trials is not None else grid_size
+    need(n_trials is not None, "trials", "required: an integer >= 1")
     need(not grid or n_trials <= grid_size, "trials", f"{n_trials} is more than the grid's {grid_size} configurations")
-    storage = storage or raw.get("storage") or f"sqlite:///{sw.out / 'study.db'}"
-    need(isinstance(storage, str) and storage.startswith(STORAGES), "storage",
-         f"expected sqlite:///PATH, journal:PATH or an RDB URL; allowed prefixes: {', '.join(STORAGES)}; "
-         f"got {storage!r}")
-    prefix = next((p for p in ("sqlite:///", "journal:") if storage.startswith(p)), "")
-    storage = prefix + str(Path(storage[len(prefix):]).resolve()) if prefix else storage
-    spec = SearchSpec(source, raw, sw, params, obj["metric"], obj["direction"], obj["last_k"], n_trials,
+    storage = check_storage(storage, "--storage") if storage is not None else \
+        check_storage(schema.storage, f"{source}: storage") if schema.storage is not None else \
+        check_storage(f"sqlite:///{sw.out / 'study.db'}", f"{source}: out")
+    spec = SearchSpec(source, raw, sw, params, obj.metric, obj.direction, obj.last_k, n_trials,
                       [r.seed for r in base_runs], raw["sampler"], raw["pruner"], storage, heartbeat, executor,
                       cfg.steps)
     for key, make in (("sampler", make_sampler), ("pruner", make_pruner)):
@@ -178,53 +250,114 @@ def load_search(path: str | Path, out: str | Path | None = None, storage: str | 
     return spec
 
 
-def _param(key: str, dotted: str, body: Any, earlier: list[str], need) -> Param:
+def _param(key: str, dotted: str, body: Any, earlier: list[str], need, source: str) -> Param:
     """One `search:` entry; `earlier` are the keys listed before it (the only ones a condition may name)."""
     body = {"type": "categorical", "choices": body} if isinstance(body, list) else body
-    need(isinstance(body, dict) and body.get("type") in PARAM_KEYS, key,
-         f"expected a list of choices or a mapping with type: {' | '.join(PARAM_KEYS)}")
-    kind = body["type"]
+    need(isinstance(body, dict), key, "expected a list of choices or a mapping with type: float | int | categorical")
+    p = parse_section(ParamSection, body, source, SpecError, prefix=key)  # keys, types and domains
+    allowed = ("type", "choices", "when") if p.type == "categorical" else ("type", "low", "high", "log", "step", "when")
     for k in body:
-        need(k in PARAM_KEYS[kind], f"{key}.{k}", f"unknown key; valid keys: {', '.join(PARAM_KEYS[kind])}")
+        need(k in allowed, f"{key}.{k}", f"not a key of a {p.type} parameter; valid keys: {', '.join(allowed)}")
     need(dotted != "seed", key, "not searchable (use `seeds:`)")
     try:
-        tp = str if dotted == "preset" else S.field_type(dotted)
+        tp = Annotated[str, Choice(tuple(C.PRESETS))] if dotted == "preset" else S.field_type(dotted)
     except KeyError:
         tp = need(False, key, f"{dotted!r} is not a config field (see ablate/config.py)")
-    when = body.get("when") or {}
-    need(isinstance(when, dict), f"{key}.when", "expected a mapping of earlier search key -> condition")
+    when = dict(p.when or {})
     for k, c in list(when.items()):
         need(k in earlier, f"{key}.when.{k}", "must be a search key listed before this one")
         when[k] = c = c if isinstance(c, dict) else {"in": c} if isinstance(c, list) else {"eq": c}
         need(set(c) <= set(OPS), f"{key}.when.{k}", f"unknown condition; one of {', '.join(OPS)}")
 
     def check(sub: str, v: Any) -> Any:
-        need(dotted != "preset" or v in C.PRESETS, f"{key}.{sub}", f"unknown preset {v!r} ({', '.join(C.PRESETS)})")
+        """`v` as a value of the searched field: its type and its domain."""
         try:
-            return C.coerce(v, tp, dotted, None)
+            v = C.coerce(v, tp, dotted, None)
         except C.ConfigError as e:
             need(False, f"{key}.{sub}", str(e))
+        bad = value_problems(v, tp, dotted)
+        need(not bad, f"{key}.{sub}", "; ".join(bad))
+        return v
 
-    if kind == "categorical":
-        choices = body.get("choices")
-        need(isinstance(choices, list) and len(choices) > 0, f"{key}.choices", "expected a non-empty list")
-        vals = tuple(check(f"choices[{i}]", v) for i, v in enumerate(choices))
+    if p.type == "categorical":
+        need(p.choices is not None, f"{key}.choices", "required: a non-empty list")
+        vals = tuple(check(f"choices[{i}]", v) for i, v in enumerate(p.choices))
         need(all(v is None or isinstance(v, (bool, int, float, str)) for v in vals) and len(set(vals)) == len(vals),
              f"{key}.choices", "choices must be distinct scalars (null, bool, number or string)")
         return Param(dotted, "categorical", choices=vals, when=when)
-    low, high, log, step = body.get("low"), body.get("high"), body.get("log", False), body.get("step")
+    low, high, log, step = p.low, p.high, p.log, p.step
     for sub, v in (("low", low), ("high", high), ("step", step or 1)):
-        need(isinstance(v, int if kind == "int" else (int, float)) and not isinstance(v, bool), f"{key}.{sub}",
-             f"expected {'an integer' if kind == 'int' else 'a number'}, got {v!r}")
+        need(v is not None and (p.type == "float" or isinstance(v, int)), f"{key}.{sub}",
+             f"expected {'an integer' if p.type == 'int' else 'a number'}, got {v!r}")
     check("low", low), check("high", high)
     need(low < high, key, f"needs low < high (got low={low}, high={high})")
-    need(isinstance(log, bool), f"{key}.log", "expected true or false")
     need(not log or low > 0, f"{key}.low", f"a log range needs low > 0 (got {low})")
-    need(step is None or (step > 0 and not log), f"{key}.step", "expected > 0, and not with log: true")
-    return Param(dotted, kind, low, high, log, step, when=when)
+    need(step is None or not log, f"{key}.step", "not with log: true")
+    return Param(dotted, p.type, low, high, log, step, when=when)
 
 
 # --- storage, sampler, pruner, study -----------------------------------------------------------------
+
+def _rdb_url(url: str) -> str:
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None:
+        url = "postgresql+psycopg2" + url.removeprefix("postgresql")  # SQLAlchemy >= 2.1 defaults to psycopg 3
+    return url
+
+
+def check_storage(url: str, where: str) -> str:
+    """`url` with file paths made absolute, once it is known to be a storage this search can open; else
+    SpecError naming `where` (the spec's `storage` or --storage): not a storage URL, a folder, a file that
+    is not an SQLite database or not an Optuna journal, a parent that is a file, or a database server that
+    does not answer. Writes nothing (the storage is created when the study is)."""
+    def bad(msg: str):
+        raise SpecError(f"{where}: {shown!r}: {msg}")
+
+    shown = url
+    if not Text(min_len=1).ok(url) or not url.startswith(STORAGES):
+        bad(f"not a storage URL; allowed: sqlite:///PATH, journal:PATH or a database URL "
+            f"({', '.join(STORAGES[2:])}...)")
+    prefix = next((p for p in ("sqlite:///", "journal:") if url.startswith(p)), "")
+    if prefix != "journal:":
+        try:  # Optuna reads an RDB URL as a str.format template
+            url.format(SCHEMA_VERSION="")
+        except (KeyError, IndexError, ValueError):
+            bad("holds '{' or '}', which Optuna reads as a template ({SCHEMA_VERSION} is the only field)")
+    if not prefix:
+        import sqlalchemy
+
+        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+        try:
+            with sqlalchemy.create_engine(_rdb_url(url), connect_args={"connect_timeout": 10}).connect():
+                pass
+        except Exception as e:  # noqa: BLE001 - a missing driver, a refused connection, bad credentials
+            bad(f"cannot connect: {str(getattr(e, 'orig', None) or e).strip().splitlines()[0]}")
+        return url
+    if not url[len(prefix):].strip():
+        bad("no file after the prefix")
+    path = Path(url[len(prefix):]).resolve()
+    parent = next(p for p in path.parents if p.exists())
+    if path.is_dir():
+        bad(f"{path} is a folder; give a file (it is created if missing)")
+    if not parent.is_dir():
+        bad(f"{parent} is a file, not a folder")
+    if path.exists() and prefix == "sqlite:///":
+        import sqlite3
+
+        try:
+            with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as e:
+            bad(f"{path} is not an SQLite database ({e})")
+    if path.exists() and prefix == "journal:":
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        try:
+            if first and not isinstance(json.loads(first), dict):
+                raise ValueError
+        except ValueError:
+            bad(f"{path} is not an Optuna journal (its lines are JSON objects)")
+    return prefix + str(path)
+
 
 def make_storage(url: str, heartbeat: dict = HEARTBEAT) -> optuna.storages.BaseStorage:
     """journal:PATH -> JournalStorage on a file (no heartbeats); anything else is an RDB URL (sqlite, postgresql,
@@ -234,10 +367,8 @@ def make_storage(url: str, heartbeat: dict = HEARTBEAT) -> optuna.storages.BaseS
         path.parent.mkdir(parents=True, exist_ok=True)
     if url.startswith("journal:"):
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
-    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None:
-        url = "postgresql+psycopg2" + url.removeprefix("postgresql")  # SQLAlchemy >= 2.1 defaults to psycopg 3
     return optuna.storages.RDBStorage(  # sqlite: wait for the write lock instead of "database is locked"
-        url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
+        _rdb_url(url), engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
         heartbeat_interval=heartbeat["interval_s"], grace_period=heartbeat["grace_period_s"],
         heartbeat_stale_trial_callback=Retry(max_retry=heartbeat["max_retry"]))
 
@@ -259,12 +390,12 @@ def make_sampler(spec: SearchSpec, worker: int = 0) -> optuna.samplers.BaseSampl
     """Worker i samples with seed + i: identically seeded workers would propose identical trials. A grid
     search samples nothing: its points are enqueued once, at creation (open_study), and dequeued."""
     kw = {k: v + worker if k == "seed" and v is not None else v for k, v in spec.sampler.items() if k != "name"}
-    return SAMPLERS[spec.sampler["name"]][0](**kw)
+    return SAMPLERS[spec.sampler["name"]](**kw)
 
 
 def make_pruner(spec: SearchSpec) -> optuna.pruners.BasePruner:
     kw = {"max_resource": spec.steps * len(spec.seeds)} if spec.pruner["name"] == "hyperband" else {}
-    return PRUNERS[spec.pruner["name"]][0](**{**kw, **{k: v for k, v in spec.pruner.items() if k != "name"}})
+    return PRUNERS[spec.pruner["name"]](**{**kw, **{k: v for k, v in spec.pruner.items() if k != "name"}})
 
 
 def open_study(spec: SearchSpec, worker: int = 0, create: bool = False) -> optuna.Study:

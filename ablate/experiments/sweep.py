@@ -15,21 +15,56 @@ import dataclasses
 import itertools
 import json
 import typing
-import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from ablate import config as C
 from ablate.runs.tracking import run_name
+from ablate.schema import Choice, Count, Length, PathText, Range, Text, hints, parse_section, plain, value_problems
 
-TOP_KEYS = ("name", "description", "base", "grid", "zip", "arms", "seeds", "exclude", "include",
-            "executor", "slurm_profile", "out")
-BASE_KEYS = ("config", "preset", "overrides")
-EXECUTOR_KEYS = {"name": str, "max_parallel": int, "timeout_min": (int, float), "signal_delay_s": int,
-                 "tasks_per_node": int}
-EXECUTORS = ("local", "slurm", "debug")
+# a sweep's name names its runs root (runs/<name>), W&B group and SLURM job: one path component
+SweepName = Annotated[str, Text(min_len=1, max_len=128, pattern=r"(?!\.\.?$)[^/]+", what="no '/', not '.' or '..'")]
+Minutes = Annotated[float, Range(0, lo_open=True)]
+
+
+@dataclass(frozen=True)
+class BaseSection:
+    config: PathText | None = None         # a run config file, relative to the spec
+    preset: Annotated[str, Choice(tuple(C.PRESETS))] | None = None
+    overrides: dict[str, Any] | None = None   # dotted config key -> value (checked against the config's fields)
+
+
+@dataclass(frozen=True)
+class ExecutorSection:
+    name: Literal["local", "slurm", "debug"] = "local"
+    max_parallel: Count | None = None      # local: processes; slurm: array parallelism
+    timeout_min: Minutes | None = None
+    signal_delay_s: Count | None = None    # SLURM: the warning signal this long before the time limit
+    tasks_per_node: Count | None = None    # local executor: ranks per run
+
+
+@dataclass(frozen=True)
+class SweepSchema:
+    """The keys of a sweep spec and their types and domains; grid / zip / arms / exclude / include hold
+    config keys and values, checked against the config's own fields by parse_spec."""
+
+    name: SweepName
+    description: Annotated[str, Text(lines=True)] | None = None
+    base: BaseSection | None = None
+    grid: dict[str, Any] | None = None
+    zip: Any = None                        # a mapping, or a list of mappings
+    arms: dict[str, Any] | None = None
+    seeds: Annotated[tuple[C.Seed, ...], Length(min=1)] | None = None
+    exclude: tuple[Any, ...] | None = None
+    include: tuple[Any, ...] | None = None
+    executor: ExecutorSection | None = None
+    slurm_profile: PathText | None = None  # relative to the spec
+    out: PathText | None = None            # the runs root (default runs/<name>)
+
+
+TOP_KEYS = tuple(f.name for f in dataclasses.fields(SweepSchema))
 
 
 class SpecError(ValueError):
@@ -69,19 +104,16 @@ class Sweep:
 
 # --- config-key helpers ------------------------------------------------------------------------------
 
-_HINTS: dict[type, dict] = {}
-
-
 def field_type(dotted: str) -> Any:
-    """The annotation of a dotted RunConfig field; KeyError if there is no such (leaf) field."""
+    """The annotation of a dotted RunConfig field, its domain included; KeyError if there is no such (leaf) field."""
     tp: Any = C.RunConfig
     for part in dotted.split("."):
         if not dataclasses.is_dataclass(tp):
             raise KeyError(dotted)
-        hints = _HINTS.setdefault(tp, typing.get_type_hints(tp))
-        if part not in hints:
+        ann = hints(tp)
+        if part not in ann:
             raise KeyError(dotted)
-        tp = hints[part]
+        tp = plain(ann[part]) if dataclasses.is_dataclass(plain(ann[part])) else ann[part]
     if dataclasses.is_dataclass(tp):
         raise KeyError(dotted)  # a section, not a field
     return tp
@@ -89,7 +121,7 @@ def field_type(dotted: str) -> Any:
 
 def _is_list_field(dotted: str) -> bool:
     try:
-        return typing.get_origin(field_type(dotted)) is tuple
+        return typing.get_origin(plain(field_type(dotted))) is tuple
     except KeyError:
         return False
 
@@ -124,32 +156,24 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         except KeyError:
             raise err(key, f"{dotted!r} is not a config field (see ablate/config.py)") from None
         try:
-            return C.coerce(value, tp, dotted, None)
+            value = C.coerce(value, tp, dotted, None)
         except C.ConfigError as e:
             raise err(key, f"wrong type: {e}") from None
+        bad = value_problems(value, tp, dotted)  # the field's domain
+        need(not bad, key, "; ".join(bad))
+        return value
 
     def check_preset(key: str, value: Any) -> None:
         need(value in C.PRESETS, key, f"unknown preset {value!r}; allowed: {', '.join(C.PRESETS)}")
 
-    need(isinstance(raw, dict), "(top level)", "expected a mapping")
-    for k in raw:
-        need(k in TOP_KEYS, str(k), f"unknown key; valid keys: {', '.join(TOP_KEYS)}")
-    name = raw.get("name")
-    need(isinstance(name, str) and name.strip() != "" and "/" not in name
-         and not any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name), "name",
-         "required: a non-empty string without '/' or control characters (newline, tab, ...)")
-    for k in ("description", "slurm_profile", "out"):
-        need(raw.get(k) is None or isinstance(raw[k], str), k, f"expected a string, got {raw.get(k)!r}")
+    schema = parse_section(SweepSchema, raw, source, SpecError)  # keys, types and domains
+    name = schema.name
 
     # base: config file and/or preset, plus overrides
-    base_spec = raw.get("base") or {}
-    need(isinstance(base_spec, dict), "base", "expected a mapping with config / preset / overrides")
-    for k in base_spec:
-        need(k in BASE_KEYS, f"base.{k}", f"unknown key; valid keys: {', '.join(BASE_KEYS)}")
+    base_spec = schema.base or BaseSection()
     base: dict = {}
-    if base_spec.get("config") is not None:
-        need(isinstance(base_spec["config"], str), "base.config", "expected a path string")
-        cfg_path = root / base_spec["config"]
+    if base_spec.config is not None:
+        cfg_path = root / base_spec.config
         need(cfg_path.is_file(), "base.config", f"no such config file: {cfg_path}")
         base = C.read_yaml(cfg_path, SpecError)
         need(base is not None, "base.config", f"{cfg_path}: empty config")
@@ -157,13 +181,10 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         if base.get("preset") is not None:
             check_preset(f"base.config ({cfg_path}): preset", base["preset"])
             base["recipe"] = {**C.PRESETS[base["preset"]], **(base.get("recipe") or {})}
-    base_preset = base_spec.get("preset")
-    if base_preset is not None:
-        check_preset("base.preset", base_preset)
-    overrides = base_spec.get("overrides") or {}
-    need(isinstance(overrides, dict), "base.overrides", "expected a mapping of dotted keys to values")
+    base_preset = base_spec.preset
+    overrides = base_spec.overrides or {}
     for k, v in overrides.items():
-        check_value(f"base.overrides.{k}", k, v)
+        overrides[k] = check_value(f"base.overrides.{k}", k, v)
 
     # arms
     arms = raw.get("arms") or {}
@@ -204,12 +225,7 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
              "zipped lists must have equal length; got " + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
         axes.append((tuple(cols), list(zip(*cols.values()))))
 
-    # seeds
-    seeds = raw.get("seeds")
-    if seeds is not None:
-        need(isinstance(seeds, list) and len(seeds) > 0, "seeds", "expected a non-empty list of integers")
-        for i, s in enumerate(seeds):
-            need(isinstance(s, int) and not isinstance(s, bool), f"seeds[{i}]", f"expected an integer, got {s!r}")
+    seeds = list(schema.seeds) if schema.seeds is not None else None
 
     # rules
     def rules(kind: str) -> list[dict]:
@@ -238,25 +254,17 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
 
     exclude, include = rules("exclude"), rules("include")
 
-    # executor settings and profile
-    executor = raw.get("executor") or {}
-    need(isinstance(executor, dict), "executor", "expected a mapping")
-    for k, v in executor.items():
-        need(k in EXECUTOR_KEYS, f"executor.{k}", f"unknown key; valid keys: {', '.join(EXECUTOR_KEYS)}")
-        need(isinstance(v, EXECUTOR_KEYS[k]) and not isinstance(v, bool), f"executor.{k}",
-             f"wrong type: {v!r}")
-    need(executor.get("name", "local") in EXECUTORS, "executor.name", f"expected one of {', '.join(EXECUTORS)}")
-    need(executor.get("max_parallel", 1) >= 1, "executor.max_parallel", "must be >= 1")
-    need(executor.get("tasks_per_node", 1) >= 1, "executor.tasks_per_node",
-         f"{executor.get('tasks_per_node')} is not allowed; expected an integer >= 1 (ranks per run)")
+    # executor settings (the keys given; null = unset) and profile
+    executor = {k: v for k, v in dataclasses.asdict(schema.executor or ExecutorSection()).items()
+                if v is not None and k in (raw.get("executor") or {})}
     profile = None
-    if raw.get("slurm_profile"):
-        profile = root / raw["slurm_profile"]
+    if schema.slurm_profile:
+        profile = root / schema.slurm_profile
         need(profile.is_file(), "slurm_profile", f"no such profile file: {profile}")
 
     return Sweep(name=name, source=source, raw=json.loads(json.dumps(raw)), base=base, base_preset=base_preset,
                  overrides=overrides, arms=arms, axes=axes, seeds=seeds, exclude=exclude, include=include,
-                 executor=executor, slurm_profile=profile, out=Path(raw.get("out") or f"runs/{name}"))
+                 executor=executor, slurm_profile=profile, out=Path(schema.out or f"runs/{name}"))
 
 
 # --- expansion ---------------------------------------------------------------------------------------
