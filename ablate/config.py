@@ -29,7 +29,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["loss", "reward"]
 Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
-TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code", "mixture"]
+TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code", "mixture", "env"]
 Device = Literal["auto", "cpu", "cuda"]
 ISCorrection = Literal["none", "tis", "mis", "icepop", "seq_tis", "seq_mis", "seq_geo_mask"]
 PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
@@ -44,6 +44,18 @@ Parallel = Literal["ddp", "fsdp"]
 
 class ConfigError(ValueError):
     """A bad config value. The message names the source file (when known), the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Multi-turn episodes (`task.name: env`, docs/environments.md). The episode's total token budget (policy and
+    environment tokens after the prompt) is `recipe.max_new_tokens`."""
+
+    max_turns: int = 3           # policy turns; an episode still running after the last one is truncated
+    turn_tokens: int = 16        # policy tokens per turn at most
+    stop: tuple[str, ...] = ()   # strings that end a turn (a tool call's closing tag); () = the environment's own
+    env_timeout_s: float = 10.0  # seconds an environment call may take before the episode ends as an env error
+    tool_error_penalty: float = 0.0  # the built-in environments' reward for a failed tool call is minus this
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,9 @@ class TaskConfig:
     mixture: tuple[MixtureEntry, ...] = ()
     # keep training prompts whose base-model pass rate is in [lo, hi] (`ablate difficulty` fills the cache)
     pass_rate_band: tuple[float, ...] = ()
+    # env: the environment (`calculator`, `code`, a skyrl-gym id or `module:Class`) and its episodes
+    environment: str = ""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
 
 
 @dataclass(frozen=True)
@@ -210,6 +225,10 @@ class RecipeConfig:
     value_clip: float | None = 0.2   # |V - V_old| clip of the value loss (null = unclipped)
     vf_coef: float = 0.1             # coefficient of the value loss
     critic_lr: float | None = None   # the value model's learning rate (null = optim.lr)
+    # multi-turn episodes (docs/environments.md): environment tokens in the loss or not, and outcome (one
+    # advantage per episode) or turn-level credit (returns from each turn on, ablate/rl/turns.py)
+    mask_env_tokens: bool = True
+    credit: Literal["episode", "turn"] = "episode"
 
 
 @dataclass(frozen=True)
@@ -711,9 +730,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "task.name='mixture': recipe.format_weight must be 0 (each task has its own format)")
     for i, entry in enumerate(t.mixture):
         check(entry.weight > 0, f"task.mixture[{i}].weight must be > 0")
-        check(entry.name not in ("mixture", "toy_addition"),
-              f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy)")
-        if entry.name not in ("mixture", "toy_addition"):
+        check(entry.name not in ("mixture", "toy_addition", "env"),
+              f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy, no environment)")
+        if entry.name not in ("mixture", "toy_addition", "env"):
             inner = {f.name: getattr(entry, f.name) for f in dataclasses.fields(TaskConfig)}
             try:
                 validate(dataclasses.replace(cfg, task=TaskConfig(**inner)))
@@ -725,6 +744,19 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
         check(r.overlong == "none", "task.name='toy_addition' has fixed-length answers: recipe.overlong must be 'none'")
+    ep, env = t.episode, t.name == "env"  # multi-turn episodes (docs/environments.md)
+    check(not t.environment or env, "task.environment is only defined for task.name='env'")
+    check(ep.max_turns >= 1 and ep.turn_tokens >= 1, "task.episode.max_turns and task.episode.turn_tokens must be >= 1")
+    check(0 < ep.env_timeout_s < math.inf, "task.episode.env_timeout_s must be > 0 seconds (and finite)")
+    check(ep.tool_error_penalty >= 0, "task.episode.tool_error_penalty must be >= 0 (the reward is minus it)")
+    check(all(ep.stop), "task.episode.stop: every stop string must be non-empty")
+    check(not env or (r.baseline != "greedy" and r.format_weight == 0),
+          "task.name='env': recipe.baseline='greedy' and recipe.format_weight > 0 are not defined for episodes "
+          "(the environment gives the reward)")
+    check(r.credit == "episode" or env, "recipe.credit='turn' needs multi-turn episodes (task.name='env')")
+    check(r.credit == "episode" or (r.adv_whiten == "none" and r.policy_loss != "gmpo"),
+          "recipe.credit='turn' gives token-level advantages: needs recipe.adv_whiten='none' and a policy loss "
+          "other than 'gmpo'")
     problems += resource_problems(cfg)
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
@@ -744,6 +776,13 @@ def resource_problems(cfg: RunConfig) -> list[str]:
             out += _file_problem(f"task.{key}", getattr(t, key))
     if t.name == "reasoning_gym" and t.dataset:
         out += _dataset_problem(t.dataset)
+    if t.name == "env":
+        out += [p for p in [environment_problem(t.environment)] if p]
+        if t.environment not in ("calculator", "code") and not t.path:
+            out.append("task.path is required for task.environment other than 'calculator' and 'code' (the problems:"
+                       " a JSONL file of {\"prompt\", \"answer\"} rows)")
+        elif t.path:
+            out += _file_problem("task.path", t.path)
     return out
 
 
@@ -769,6 +808,33 @@ def _in_hub_cache(repo_id: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def environment_problem(name: str) -> str | None:
+    """Why `task.environment` names no environment (None when it does): a built-in, an id registered with
+    skyrl-gym, or a 'module:Class' whose module can be found (it is not imported: nothing of the user's runs)."""
+    allowed = "allowed values: 'calculator', 'code', an id registered with skyrl_gym.register, or 'module:Class'"
+    if not name:
+        return f"task.environment is required when task.name='env'; {allowed}"
+    if name in ("calculator", "code"):
+        return None
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        if not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+            return f"task.environment: {name!r} is not a 'module:Class' path; {allowed}"
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        return None if found else f"task.environment: no module {module!r} to import {attr!r} from; {allowed}"
+    import skyrl_gym
+
+    if name not in skyrl_gym.registry:
+        return (f"task.environment: unknown environment {name!r}; {allowed} (registered: "
+                f"{', '.join(sorted(skyrl_gym.registry))})")
+    return None
 
 
 def _file_problem(key: str, path: str) -> list[str]:
