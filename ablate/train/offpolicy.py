@@ -59,15 +59,20 @@ def pending_from_state(state: list[dict], batch_type: type) -> Pending:
 
 # --- the correction and its metrics ------------------------------------------------------------
 
-def correct(r: RecipeConfig, old_logp: Tensor, behav_logp: Tensor, loss_mask: Tensor):
+def correct(r: RecipeConfig, old_logp: Tensor, behav_logp: Tensor, loss_mask: Tensor, policy_mask: Tensor | None = None):
     """Apply `recipe.is_correction` (the one place it is read): (IS weights [N,T], loss mask [N,T] with the
     rejected tokens removed, stats). With `none` the mask comes back unchanged and the weights are 1.
     `old_logp` None: the step ran no old pass (recipes.needs_old_pass), so the correction is `none`, which
-    reads no log-prob."""
+    reads no log-prob. `policy_mask` [N,T] (multi-turn episodes): only the policy's tokens have behaviour
+    log-probs, so the correction reads those; an environment token in the loss keeps weight 1 and stays
+    unless its whole row was rejected."""
     old_logp = behav_logp if old_logp is None else old_logp
-    weights, keep, stats = is_correction(r.is_correction, old_logp, behav_logp.to(old_logp.device), loss_mask,
+    policy = loss_mask if policy_mask is None else loss_mask * policy_mask.to(loss_mask.dtype)
+    weights, keep, stats = is_correction(r.is_correction, old_logp, behav_logp.to(old_logp.device), policy,
                                          cap=r.is_cap, lo=r.is_lo, hi=r.is_hi)
-    return weights, loss_mask * keep, stats
+    row_kept = keep.any(1, keepdim=True) | ~policy.bool().any(1, keepdim=True)  # [N,1]
+    env = (loss_mask - policy) * row_kept  # environment tokens in the loss, of the rows not rejected whole
+    return weights, policy * keep + env, stats
 
 
 def step_metrics(old_logp: Tensor, behav_logp: Tensor, loss_mask: Tensor, weights: Tensor, keep: Tensor,
