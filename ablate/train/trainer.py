@@ -29,7 +29,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
-from ablate.train import distributed, execution, offpolicy, preemption, recipes, sharding
+from ablate.train import distributed, episodes, execution, offpolicy, preemption, recipes, sharding
 from ablate.train.critic import build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
@@ -178,6 +178,9 @@ def sample_groups(policy, task, problems: list[Problem], cfg: RunConfig, tokeniz
     seconds = [0.0]
 
     def mine(part: slice):
+        if episodes.is_env(task):  # multi-turn episodes; the environment's rewards come with them
+            return episodes.sample_part(policy, task, problems[part], cfg, tokenizer, key, part.start * G,
+                                        len(problems) * G)
         noise = RowNoise(key, len(problems) * G, part.start * G, part.stop * G)
         ro = policy.sample([task.prompt_text(p, tokenizer) for p in problems[part]], G, r.temperature,
                            r.max_new_tokens, noise=noise)
@@ -418,6 +421,9 @@ def eval_chunk(policy, task, probs: list[Problem], prompts: list[str], cfg: RunC
     n, max_new = cfg.eval.n_samples, cfg.recipe.max_new_tokens
 
     def mine(part: slice):
+        if episodes.is_env(task):
+            return episodes.eval_part(policy, task, probs[part], cfg, policy.tokenizer, key, part.start * n,
+                                      len(probs) * n)
         noise = RowNoise(key, len(probs) * n, part.start * n, part.stop * n)
         ro = policy.sample(prompts[part], n, cfg.eval.temperature, max_new, noise=noise)
         scores = torch.tensor(score_batch(task, [p for p in probs[part] for _ in range(n)], ro.texts, train=False))
@@ -590,7 +596,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                                                     entropy=recipes.needs_entropies(r)) \
                     if recipes.needs_old_pass(r) else (None, None)  # old_ent: top-entropy
                 ref_logp = sequence_logprobs(ref, batch.rollout, r.temperature, budget) if ref is not None else None
-                mask = batch.rollout.completion_mask
+                mask = episodes.loss_mask(batch.rollout, r)  # completion tokens; episodes: recipe.mask_env_tokens
                 rewards = batch.rewards
                 kl_reward, kl_tok = torch.zeros_like(rewards), None
                 if ref is not None and r.kl_placement == "reward":  # PPO/REINFORCE++: KL as a reward term
@@ -601,10 +607,12 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 # 3. advantages, one per completion broadcast to its tokens (or per token: recipe.adv_whiten)
                 adv = compute_advantages(rewards, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps,
                                          greedy_rewards=greedy).flatten().to(mask.device, mask.dtype)
+                adv = episodes.advantages(adv, rewards, batch.rollout, r)  # recipe.credit: per turn [N, T]
                 loss_mask = mask * (~batch.rollout.truncated).float()[:, None] if r.overlong == "mask" else mask
                 # behaviour -> old: IS weights, and rejected tokens leave the mask before any denominator
-                is_weights, kept, is_stats = offpolicy.correct(r, old_logp, batch.rollout.behav_logp, loss_mask)
-                mismatch_mask, loss_mask = loss_mask, kept
+                is_weights, kept, is_stats = offpolicy.correct(r, old_logp, batch.rollout.behav_logp, loss_mask,
+                                                               batch.rollout.policy_mask)
+                mismatch_mask, loss_mask = loss_mask * batch.rollout.policy_mask, kept  # metrics: policy tokens
                 # token-level advantages: whitened (recipe.adv_whiten), or GAE from the critic after fitting it
                 adv, critic_row = critic.step(batch.rollout, batch.rewards, kl_tok, kl_state.coef, loss_mask, cfg_t,
                                               step) if critic else \
@@ -634,6 +642,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                 since_eval.append(float(batch.correct.mean()))
                 adv_row = recipes.per_completion(adv)  # [N] for the logs
                 row = {**step_metrics(batch, rewards, kl_reward, adv_row, mask, up), **off, "train/lr": lr,
+                       **episodes.metrics(batch.rollout),
                        "train/format_weight": fmt_weight, **kl_row, **stream.metrics(),
                        "train/temperature": r.temperature, "train/max_new_tokens": r.max_new_tokens,
                        **per_task_train(task_labels(task, batch.problems), batch.correct),
