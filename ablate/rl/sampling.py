@@ -33,7 +33,7 @@ class Rollout:
     truncated: Tensor        # [N] bool, no EOS within the token budget
     texts: list[str]         # decoded completions (EOS and padding removed)
     behav_logp: Tensor       # [N, T] float32 log pi_behav(token) as sampled (after temperature); 0 where masked
-    # Multi-turn episodes (ablate/train/episodes.py, DESIGN section 15); single-turn rollouts leave them None.
+    # Multi-turn episodes (ablate/train/episodes.py, docs/environments.md); single-turn rollouts leave them None.
     # The completion is then the whole episode after the prompt: policy turns and the environment's replies.
     policy_mask: Tensor | None = None   # [N, T] float, 1 on tokens the policy sampled (None: = completion_mask)
     turn: Tensor | None = None          # [N, T] long, turn index of each token (a turn's reply shares its index)

@@ -1,4 +1,4 @@
-"""Credit in multi-turn episodes (DESIGN section 15): one advantage per turn, broadcast to the turn's tokens.
+"""Credit in multi-turn episodes (docs/environments.md): one advantage per turn, broadcast to the turn's tokens.
 
 Episode i of a group has turns t = 1..T_i; the environment's reward after turn t is r_{i,t} (a tool-error
 penalty, say; the outcome is the last turn's), and R_i holds the episode-level terms (format, overlong, KL in

@@ -1,4 +1,4 @@
-"""Multi-turn episodes with an environment (DESIGN section 15, docs/environments.md).
+"""Multi-turn episodes with an environment (docs/environments.md).
 
 An episode: the prompt, then turns t = 0..max_turns-1. Turn t samples policy tokens a_t through the rollout
 engine (`engine.sample(contexts, 1, ..., stop=...)`: until a stop string, EOS or `task.episode.turn_tokens`),

@@ -30,8 +30,8 @@ RECIPE_VERSION = 1
 @dataclass(frozen=True)
 class CalculatorSettings:
     seed: int = 0
-    steps: int = 1500
-    batch_size: int = 64
+    steps: int = 800
+    batch_size: int = 48
     lr: float = 3e-3
     label_noise: float = 0.25  # direct answers: share of digits replaced at random
     tool_noise: float = 0.08   # calls: share of digits replaced in the operands and in the copied answer
