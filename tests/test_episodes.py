@@ -1,5 +1,5 @@
 """Multi-turn episodes against a scripted environment with known replies: the token tags, masks and
-advantages of one group checked by hand (DESIGN section 15's worked example), the loss with environment
+advantages of one group checked by hand (the worked example of docs/environments.md), the loss with environment
 tokens masked or not, the shipped environments, and an environment that raises, hangs or answers with
 the wrong types."""
 
@@ -118,7 +118,7 @@ def test_one_group_tags_masks_and_advantages_by_hand(problems_file, tiny_model_d
     assert torch.equal(episodes.loss_mask(ro, parse({**_plain(cfg), "recipe": {**_plain(cfg)["recipe"],
                                                                                "mask_env_tokens": False}}).recipe),
                        ro.completion_mask)
-    # DESIGN section 15: G_{1,1} = 0.9, G_{1,2} = 1.0, G_{2,1} = 0; mean 0.45, std 0.45
+    # the worked example: G_{1,1} = 0.9, G_{1,2} = 1.0, G_{2,1} = 0; mean 0.45, std 0.45
     adv = episodes.advantages(torch.zeros(2), total, ro, r)
     a11, a12, a21 = 1.0, 1.2222222, -1.0
     assert adv[0].tolist() == pytest.approx([a11] * 8 + [a12] * 2, abs=1e-6)  # o_1 gets A_1
@@ -231,3 +231,47 @@ def test_calculator_environment():
     assert (out["observations"][0]["content"], out["reward"], out["metadata"]["tool_error"]) == ("=error\n", -0.1, True)
     assert env.step("4042")["reward"] == 1.0 and env.step("4041")["done"] is True
     assert evaluate("12-30") == -18 and evaluate("1+2+3") is None and evaluate("") is None
+
+
+def test_code_environment_runs_code_in_the_sandbox_and_scores_the_submission():
+    from ablate.config import TaskConfig
+    from ablate.tasks.code import CodeTask
+    from ablate.tasks.environments.code import CodeExecEnv
+
+    problem = CodeTask(TaskConfig(name="code", num_train=1, num_heldout=1)).problems("train")[0]
+    extras = {"extra_info": {"prompt": problem.prompt, "entry_point": problem.meta[0], "tests": problem.meta[1]},
+              "tool_error_penalty": 0.1}
+    env = CodeExecEnv(extras=extras)
+    out = env.step("let me try <run>print(6 * 7)\nimport sys; print('warn', file=sys.stderr)</run>")
+    text = out["observations"][0]["content"]
+    assert "stdout:\n42\n" in text and "stderr:\nwarn\n" in text and "exit status: 0" in text
+    assert (out["reward"], out["done"], out["metadata"]["tool_error"]) == (0.0, False, False)
+    out = env.step("<run>raise ValueError('no')</run>")
+    assert "ValueError: no" in out["observations"][0]["content"] and "exit status: 1" in out["observations"][0]["content"]
+    assert (out["reward"], out["metadata"]["tool_error"]) == (-0.1, True)
+    assert env.step(f"```python\n{problem.answer}```")["reward"] == 1.0  # the reference solution passes the hidden tests
+    wrong = env.step(f"```python\ndef {problem.meta[0]}(*a):\n    return None\n```")
+    assert wrong["done"] and wrong["reward"] < 1.0
+
+
+def test_native_sampler_continues_from_token_ids_and_stops_on_stop_strings(tiny_model_dir):
+    from ablate.rl.sampling import RowNoise
+    from ablate.train.models import load_model, load_tokenizer
+    from ablate.train.rollout import prompt_ids
+
+    tok = load_tokenizer(tiny_model_dir)
+    policy = LMPolicy(load_model(tiny_model_dir), tok, torch.device("cpu"))
+    texts = ["1+2=", "7+1="]
+    a = policy.sample(texts, 4, 3.0, 6, noise=RowNoise((0, 1), 8))
+    b = policy.sample([prompt_ids(tok, t) for t in texts], 4, 3.0, 6, noise=RowNoise((0, 1), 8))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.behav_logp, b.behav_logp)
+    # a stop string made of a row's second sampled character ends that row right after it, like EOS
+    row = next(i for i in range(8) if a.completion_mask[i, :3].sum() == 3 and len(a.texts[i]) >= 2)
+    second = a.texts[row][1]
+    c = policy.sample(texts, 4, 3.0, 6, noise=RowNoise((0, 1), 8), stop=[second])
+    assert c.texts[row] == a.texts[row][:2] and c.completion_mask[row].tolist()[:3] == [1, 1, 0]
+    assert not c.truncated[row]
+    for i in range(8):  # every row ends at its first stop (or as before); tokens before the stop are unchanged
+        n = int(c.completion_mask[i].sum())
+        assert torch.equal(c.completion_ids[i, :n], a.completion_ids[i, :n])
+        assert second not in c.texts[i][:-1]
