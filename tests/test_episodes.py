@@ -275,3 +275,15 @@ def test_native_sampler_continues_from_token_ids_and_stops_on_stop_strings(tiny_
         n = int(c.completion_mask[i].sum())
         assert torch.equal(c.completion_ids[i, :n], a.completion_ids[i, :n])
         assert second not in c.texts[i][:-1]
+
+
+def test_train_with_an_unknown_environment_exits_2_before_writing(tmp_path):
+    from typer.testing import CliRunner
+
+    from ablate.cli.main import app
+
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["train", "configs/calculator.yaml", "--out", str(out),
+                                   "--set", "task.environment=calculatr"])
+    assert res.exit_code == 2 and "unknown environment 'calculatr'" in res.output and "configs/calculator.yaml" in res.output
+    assert not out.exists()
