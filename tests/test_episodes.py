@@ -149,6 +149,16 @@ def test_design_worked_example_of_turn_credit():
         pytest.approx([1.0, 1.0])
 
 
+def test_turn_credit_of_a_dead_group_keeps_its_turn_deviations_in_reward_units():
+    # both episodes: a failed call (-0.1) then outcome 1 -> returns 0.9 each: no spread, the group is dead;
+    # the second turns' returns are 1.0, 0.1 above the baseline: divided by 1, not by eps = 1e-6
+    returns = turn_returns(torch.tensor([0.9, 0.9], dtype=torch.float64),
+                           torch.tensor([[-0.1, 1.0], [-0.1, 1.0]], dtype=torch.float64)).view(1, 2, 2)
+    for scale in ("group", "batch", "none"):
+        adv = CREDITS["turn"](returns, baseline="group_mean", scale=scale, ddof=1, eps=1e-6)
+        assert adv.flatten().tolist() == pytest.approx([0.0, 0.1, 0.0, 0.1])
+
+
 @pytest.mark.parametrize("credit", list(CREDITS))
 def test_credit_registry_conformance(credit):
     # one signature; one turn each: both are the single-turn estimator; a per-prompt offset cancels

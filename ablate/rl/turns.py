@@ -6,7 +6,7 @@ the reward). The episode return is G_{i,1} = R_i + sum_t r_{i,t}, the trainer's 
 from turn t on is G_{i,t} = G_{i,1} - sum_{t' < t} r_{i,t'}. Baseline b_i and divisor s_i come from the
 group's episode returns G_{.,1} with the registered estimators (ablate/rl/advantages.py), so
 
-    A_{i,t} = (G_{i,t} - b_i) / s_i.
+    A_{i,t} = (G_{i,t} - b_i) / s_i     (s_i = 1 where the episode returns have no spread: see `_turn`).
 
 `CREDITS` holds the two assignments, one signature: `episode` gives every turn A_{i,1} (outcome credit, the
 default); `turn` gives each turn its own A_{i,t}. Shapes: P prompts, G episodes each, K turn slots.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from ablate.rl.advantages import BASELINES, DIVISORS
@@ -35,10 +36,14 @@ def _episode(returns: Tensor, *, baseline: str, scale: str, ddof: int, eps: floa
 
 
 def _turn(returns: Tensor, *, baseline: str, scale: str, ddof: int, eps: float) -> Tensor:
-    # turn-level credit: the return from turn t on, against the episode returns' baseline and scale
+    # turn-level credit: the return from turn t on, against the episode returns' baseline and scale. Where the
+    # episode returns have no spread (the std part of the divisor is 0: a dead group under `group`), the
+    # divisor is 1: the single-turn estimator gives 0 there, but turn deviations (a -0.1 penalty) are not 0,
+    # and dividing them by eps alone would blow them up a million-fold
     first = returns[..., 0]  # [P,G] episode returns G_{i,1}
     b = BASELINES[baseline](first, None)
     s = DIVISORS[scale](first - b, first, ddof, eps)
+    s = torch.where(s <= eps, torch.ones_like(s), s) if scale != "none" else s
     return (returns - b[..., None]) / s[..., None]
 
 
