@@ -750,9 +750,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(0 < ep.env_timeout_s < math.inf, "task.episode.env_timeout_s must be > 0 seconds (and finite)")
     check(ep.tool_error_penalty >= 0, "task.episode.tool_error_penalty must be >= 0 (the reward is minus it)")
     check(all(ep.stop), "task.episode.stop: every stop string must be non-empty")
-    check(not env or (r.baseline != "greedy" and r.format_weight == 0),
-          "task.name='env': recipe.baseline='greedy' and recipe.format_weight > 0 are not defined for episodes "
-          "(the environment gives the reward)")
+    check(not env or (r.baseline != "greedy" and r.format_weight == 0 and not t.pass_rate_band),
+          "task.name='env': recipe.baseline='greedy', recipe.format_weight > 0 and task.pass_rate_band are not "
+          "defined for episodes (the environment gives the reward)")
     check(r.credit == "episode" or env, "recipe.credit='turn' needs multi-turn episodes (task.name='env')")
     check(r.credit == "episode" or (r.adv_whiten == "none" and r.policy_loss != "gmpo"),
           "recipe.credit='turn' gives token-level advantages: needs recipe.adv_whiten='none' and a policy loss "
