@@ -297,3 +297,12 @@ def test_train_with_an_unknown_environment_exits_2_before_writing(tmp_path):
                                    "--set", "task.environment=calculatr"])
     assert res.exit_code == 2 and "unknown environment 'calculatr'" in res.output and "configs/calculator.yaml" in res.output
     assert not out.exists()
+
+
+def test_environment_reply_as_a_chat_template_tool_turn():
+    from ablate.train.chat_model import build_tokenizer as chat_tokenizer
+
+    tok = chat_tokenizer(["stdout exit status user assistant tool"] * 4)
+    ids = episodes.observation_ids(tok, "exit status: 0", chat=True)
+    assert tok.decode(ids) == "<|im_start|>tool\nexit status: 0<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(episodes.observation_ids(tok, "exit status: 0", chat=False)) == "exit status: 0"
