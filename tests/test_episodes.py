@@ -30,6 +30,11 @@ class ScriptedEnv(BaseTextEnv):
         super().__init__()
         self.mode = extras["reward_spec"]["ground_truth"]
 
+    def init(self, prompt):
+        if self.mode == "instructions":  # the environment adds its instructions to the prompt
+            return [{"role": "system", "content": "Use [a+b]. "}, *prompt], {}
+        return prompt, {}
+
     def step(self, action):
         if self.mode == "raise":
             raise RuntimeError("the environment broke")
@@ -306,3 +311,12 @@ def test_environment_reply_as_a_chat_template_tool_turn():
     ids = episodes.observation_ids(tok, "exit status: 0", chat=True)
     assert tok.decode(ids) == "<|im_start|>tool\nexit status: 0<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(episodes.observation_ids(tok, "exit status: 0", chat=False)) == "exit status: 0"
+
+
+def test_the_prompt_is_what_the_environments_init_returns(problems_file, tiny_model_dir):
+    cfg = env_cfg(problems_file, tiny_model_dir)
+    task = make_task(cfg.task)
+    tok = build_tokenizer()
+    engine = ScriptedEngine(tok, {0: ["3<eos>"], 1: ["3<eos>"]})
+    ro, *_ = episodes.sample_part(engine, task, [Problem("q", "Q0=", "instructions")], cfg, tok, (0, 1, 0, 0), 0, 2)
+    assert tok.decode(ro.prompt_ids[0], skip_special_tokens=True) == "Use [a+b]. Q0="

@@ -29,7 +29,7 @@ from ablate.rl.rewards import overlong_penalty
 from ablate.rl.sampling import EPISODE_FIELDS, Rollout, RowNoise
 from ablate.rl.turns import credit_advantages
 from ablate.tasks.base import Problem
-from ablate.tasks.environments import EnvError, EnvTask, guarded_init, guarded_step
+from ablate.tasks.environments import EnvError, EnvTask, guarded_close, guarded_init, guarded_step
 from ablate.train.rollout import prompt_ids
 
 DONE, MAX_TURNS, BUDGET = "end_done", "end_max_turns", "end_budget"
@@ -102,7 +102,10 @@ def run_episodes(engine, tokenizer, task: EnvTask, problems: list[Problem], n: i
             e = Episode(prompt=ids)
             try:
                 e.env = task.make_env(p)
-                guarded_init(e.env, [{"role": "user", "content": p.prompt}], ep.env_timeout_s)
+                first = [{"role": "user", "content": p.prompt}]
+                messages = guarded_init(e.env, first, ep.env_timeout_s)
+                if messages != first:  # the environment rewrote the prompt (added its instructions, say)
+                    e.prompt = prompt_ids(tokenizer, task.prompt_text(p, tokenizer, messages))
             except EnvError:
                 e.fail()
             episodes.append(e)
@@ -128,10 +131,7 @@ def run_episodes(engine, tokenizer, task: EnvTask, problems: list[Problem], n: i
             _respond(e, tokenizer.decode(ids, skip_special_tokens=True), t, budget, tokenizer, ep, chat)
     for e in episodes:
         if e.env is not None:
-            try:
-                e.env.close()
-            except Exception:  # noqa: BLE001 (closing is best effort: the episode is over)
-                pass
+            guarded_close(e.env, ep.env_timeout_s)
     return _rollout(episodes, engine, tokenizer, ep.max_turns)
 
 

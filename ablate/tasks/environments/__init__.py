@@ -64,8 +64,25 @@ def _call(fn, args: tuple, timeout: float):
         raise EnvError(f"{type(err).__name__}: {err}") from None
 
 
-def guarded_init(env, prompt: list[dict], timeout: float) -> None:
-    _call(env.init, (prompt,), timeout)
+def _messages(obs, what: str) -> list[dict]:
+    if not (isinstance(obs, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in obs)):
+        raise EnvError(f"{what} returned observations that are not a list of {{'role', 'content': str}} messages")
+    return obs
+
+
+def guarded_init(env, prompt: list[dict], timeout: float) -> list[dict]:
+    """The episode's prompt messages as `env.init(prompt)` returns them (it may add instructions)."""
+    out = _call(env.init, (prompt,), timeout)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise EnvError(f"init() returned {type(out).__name__}; expected (prompt messages, metadata)")
+    return _messages(out[0], "init()")
+
+
+def guarded_close(env, timeout: float) -> None:
+    try:
+        _call(env.close, (), timeout)
+    except EnvError:
+        pass  # closing is best effort: the episode is over
 
 
 def guarded_step(env, action: str, timeout: float) -> tuple[str, float, bool, dict]:
@@ -77,8 +94,7 @@ def guarded_step(env, action: str, timeout: float) -> tuple[str, float, bool, di
         raise EnvError(f"step() returned done={done!r}; expected a bool")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise EnvError(f"step() returned reward={reward!r}; expected a finite number")
-    if not (isinstance(obs, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in obs)):
-        raise EnvError("step() returned observations that are not a list of {'role', 'content': str} messages")
+    _messages(obs, "step()")
     if not isinstance(meta, dict):
         raise EnvError(f"step() returned metadata={meta!r}; expected a dict")
     return "".join(m["content"] for m in obs), float(reward), done, meta
@@ -111,12 +127,15 @@ class EnvTask:
     def problems(self, split: Split) -> list[Problem]:
         return list(self._problems[split])
 
-    def prompt_text(self, problem: Problem, tokenizer) -> str:
+    def prompt_text(self, problem: Problem, tokenizer, messages: list[dict] | None = None) -> str:
+        """The problem as one user message, or the messages the environment's `init` made of it: through the
+        chat template (`task.chat_template`), else their contents joined."""
+        messages = messages or [{"role": "user", "content": problem.prompt}]
         if self.cfg.chat_template:
-            from ablate.tasks import chat_prompt
-
-            return chat_prompt(problem.prompt, tokenizer)
-        return problem.prompt
+            if getattr(tokenizer, "chat_template", None) is None:
+                raise ValueError("task.chat_template is true but the tokenizer has no chat_template")
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return "".join(m["content"] for m in messages)
 
     def extras(self, problem: Problem) -> dict[str, Any]:
         """skyrl-gym's `extras` of an episode: the reference answer, the problem, the episode settings."""
