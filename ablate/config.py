@@ -2,7 +2,8 @@
 
 `parse(dict)` is strict (unknown keys and wrong types are errors that list what is allowed),
 `validate(cfg)` holds every cross-field rule, and `run_id(cfg)` is a content hash of the resolved
-config. Presets are plain bundles of `recipe.*` values applied before the user's own keys.
+config. Presets are plain bundles of `recipe.*` values applied before the user's own keys
+(ablate/presets.py, the table; imported here and re-exported).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from ablate.presets import PRESETS  # the recipe presets table (config.PRESETS, as before)
 from ablate.schema import (  # noqa: F401 - ConfigError, StrictLoader, read_yaml, coerce: used as C.* elsewhere
     Choice,
     ConfigError,
@@ -52,7 +54,7 @@ KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["loss", "reward"]
 Overlong = Literal["none", "mask", "soft_penalty"]
 Optimizer = Literal["adamw", "sgd", "normalized_sgd"]
-TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code", "mixture"]
+TaskName = Literal["arithmetic", "reasoning_gym", "jsonl", "toy_addition", "code", "mixture", "env"]
 Device = Literal["auto", "cpu", "cuda"]
 ISCorrection = Literal["none", "tis", "mis", "icepop", "seq_tis", "seq_mis", "seq_geo_mask"]
 PolicyLoss = Literal["ppo_clip", "cispo", "gmpo", "sapo", "clip_cov", "kl_cov", "gpg", "delta", "raft"]
@@ -70,6 +72,18 @@ Share = Annotated[float, Range(0, 1, lo_open=True)]   # a share of something tha
 AboveOne = Annotated[float, Range(1, lo_open=True)]   # a ratio cap
 # W&B's rule for entity and project names (wandb_settings.validate_project)
 WandbName = Annotated[str, Text(min_len=1, max_len=128, pattern=r"[^/\\#?%:]+", what="without / \\ # ? % :")]
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Multi-turn episodes (`task.name: env`, docs/environments.md). The episode's total token budget (policy and
+    environment tokens after the prompt) is `recipe.max_new_tokens`."""
+
+    max_turns: Count = 3           # policy turns; an episode still running after the last one is truncated
+    turn_tokens: Count = 16        # policy tokens per turn at most
+    stop: tuple[NonEmptyLine, ...] = ()   # strings that end a turn (a tool call's closing tag); () = the environment's own
+    env_timeout_s: Positive = 10.0  # seconds an environment call may take before the episode ends as an env error
+    tool_error_penalty: NonNegative = 0.0  # the built-in environments' reward for a failed tool call is minus this
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,9 @@ class TaskConfig:
     mixture: tuple[MixtureEntry, ...] = ()
     # keep training prompts whose base-model pass rate is in [lo, hi] (`ablate difficulty` fills the cache)
     pass_rate_band: tuple[Fraction, ...] = ()
+    # env: the environment (`calculator`, `code`, a skyrl-gym id or `module:Class`) and its episodes
+    environment: OptionalText = ""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
 
 
 @dataclass(frozen=True)
@@ -237,6 +254,10 @@ class RecipeConfig:
     value_clip: Positive | None = 0.2   # |V - V_old| clip of the value loss (null = unclipped)
     vf_coef: Positive = 0.1             # coefficient of the value loss
     critic_lr: Positive | None = None   # the value model's learning rate (null = optim.lr)
+    # multi-turn episodes (docs/environments.md): environment tokens in the loss or not, and outcome (one
+    # advantage per episode) or turn-level credit (returns from each turn on, ablate/rl/turns.py)
+    mask_env_tokens: bool = True
+    credit: Literal["episode", "turn"] = "episode"
 
 
 @dataclass(frozen=True)
@@ -319,56 +340,6 @@ class RunConfig:
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.recipe.group_size
-
-
-# --- presets -----------------------------------------------------------------------------------
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # Shao et al. 2024, DeepSeekMath (GRPO): group mean/std, per-sequence token mean, KL k3 in the loss.
-    "grpo": dict(baseline="group_mean", scale="group", loss_agg="seq_mean_token_mean",
-                 eps_low=0.2, eps_high=0.2, kl_coef=0.04, kl_estimator="k3", kl_placement="loss"),
-    # Liu et al. 2025, Understanding R1-Zero-Like Training (Dr. GRPO): no std, no length normalisation.
-    "dr_grpo": dict(baseline="group_mean", scale="none", loss_agg="seq_mean_token_sum_norm",
-                    eps_low=0.2, eps_high=0.2, kl_coef=0.0),
-    # Yu et al. 2025, DAPO: clip-higher, token-level loss, dynamic sampling, soft overlong penalty, no KL.
-    "dapo": dict(baseline="group_mean", scale="group", loss_agg="token_mean", eps_low=0.2,
-                 eps_high=0.28, kl_coef=0.0, dynamic_sampling=True, overlong="soft_penalty"),
-    # Ahmadian et al. 2024, Back to Basics (RLOO): leave-one-out baseline, KL penalty in the reward.
-    "rloo": dict(baseline="leave_one_out", scale="none", loss_agg="seq_mean_token_mean",
-                 kl_coef=0.05, kl_estimator="k1", kl_placement="reward"),
-    # Hu 2025, REINFORCE++ (arXiv 2501.03262): k1 KL per token in the reward, reward-to-go returns,
-    # whitened over all tokens of the batch (no other baseline), token-level loss.
-    "reinforce_pp": dict(baseline="none", scale="none", adv_whiten="token_returns", loss_agg="token_mean",
-                         kl_coef=0.01, kl_estimator="k1", kl_placement="reward"),
-    # Liu et al. 2025, Tricks or Traps? Part I (Lite PPO): group mean, batch std, token-level loss.
-    "lite_ppo": dict(baseline="group_mean", scale="batch", loss_agg="token_mean", kl_coef=0.0),
-    # REINFORCE++-baseline (Hu 2025; OpenRLHF's reinforce_baseline): group mean, then whitening over all
-    # tokens of the batch (re-centred), KL k2 in the loss (coefficient of OpenRLHF's script).
-    "reinforce_pp_baseline": dict(baseline="group_mean", scale="none", adv_whiten="token", loss_agg="token_mean",
-                                  kl_coef=1e-5, kl_estimator="k2", kl_placement="loss"),
-    # MiniMax 2025, MiniMax-M1 (arXiv 2506.13585): CISPO, token-level loss, no KL, with DAPO's dynamic
-    # sampling; the IS-weight cap 5 is TRL's and SkyRL's value (the M1 value is not in the paper text).
-    "cispo": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="group", loss_agg="token_mean",
-                  kl_coef=0.0, dynamic_sampling=True),
-    # Zheng et al. 2025, Group Sequence Policy Optimization (Qwen3, arXiv 2507.18071): sequence-level
-    # ratio (length-normalised), clip range 3e-4 / 4e-4, group advantages, per-sequence mean, no KL.
-    "gspo": dict(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4, baseline="group_mean", scale="group",
-                 loss_agg="seq_mean_token_mean", kl_coef=0.0),
-    # Khatri et al. 2025, The Art of Scaling RL Compute for LLMs (ScaleRL, arXiv 2510.13786): CISPO
-    # (cap 5), group mean with batch-level std, zero-variance filtering (dead groups dropped, not
-    # resampled: one generation round), no KL. Its prompt-level loss average is not an aggregation
-    # here: token_mean is the nearest; logits are always upcast to fp32 for log-probs.
-    "scalerl": dict(policy_loss="cispo", cispo_cap=5.0, baseline="group_mean", scale="batch", loss_agg="token_mean",
-                    dynamic_sampling=True, max_gen_rounds=1, kl_coef=0.0),
-    # Schulman et al. 2017, PPO (arXiv 1707.06347), as RLHF trainers run it (Ouyang et al. 2022; TRL's PPO
-    # defaults): a learned critic, GAE gamma 1 lambda 0.95 whitened over tokens, value clip 0.2, value-loss
-    # coefficient 0.1, k1 KL per token in the reward, token-mean loss, 4 minibatches per rollout.
-    "ppo": dict(baseline="none", scale="none", adv_whiten="gae", gae_gamma=1.0, gae_lambda=0.95, value_clip=0.2,
-                vf_coef=0.1, loss_agg="token_mean", eps_low=0.2, eps_high=0.2, kl_coef=0.05, kl_estimator="k1",
-                kl_placement="reward", minibatches=4),
-    # Rejection-sampling fine-tuning (RAFT, Dong et al. 2023; Xiong et al. 2025): SFT on rewarded samples.
-    "raft": dict(policy_loss="raft", baseline="none", scale="none", kl_coef=0.0),
-}
 
 
 # --- strict parsing (ablate/schema.py: coerce, domains) ---------------------------------------------
@@ -566,9 +537,9 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
     check(t.name != "mixture" or r.format_weight == 0,
           "task.name='mixture': recipe.format_weight must be 0 (each task has its own format)")
     for i, entry in enumerate(t.mixture):
-        check(entry.name not in ("mixture", "toy_addition"),
-              f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy)")
-        if entry.name not in ("mixture", "toy_addition"):
+        check(entry.name not in ("mixture", "toy_addition", "env"),
+              f"task.mixture[{i}].name: {entry.name!r} cannot be mixed (no nested mixtures, no toy, no environment)")
+        if entry.name not in ("mixture", "toy_addition", "env"):
             inner = {f.name: getattr(entry, f.name) for f in dataclasses.fields(TaskConfig)}
             try:
                 validate(dataclasses.replace(cfg, task=TaskConfig(**inner)))
@@ -580,6 +551,15 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         check(lengths == [2], "task.name='toy_addition' needs recipe.max_new_tokens=2 (tens, ones)")
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
         check(r.overlong == "none", "task.name='toy_addition' has fixed-length answers: recipe.overlong must be 'none'")
+    env = t.name == "env"  # multi-turn episodes (docs/environments.md)
+    check(not t.environment or env, "task.environment is only defined for task.name='env'")
+    check(not env or (r.baseline != "greedy" and r.format_weight == 0 and not t.pass_rate_band),
+          "task.name='env': recipe.baseline='greedy', recipe.format_weight > 0 and task.pass_rate_band are not "
+          "defined for episodes (the environment gives the reward)")
+    check(r.credit == "episode" or env, "recipe.credit='turn' needs multi-turn episodes (task.name='env')")
+    check(r.credit == "episode" or (r.adv_whiten == "none" and r.policy_loss != "gmpo"),
+          "recipe.credit='turn' gives token-level advantages: needs recipe.adv_whiten='none' and a policy loss "
+          "other than 'gmpo'")
     problems += resource_problems(cfg)
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
@@ -599,6 +579,13 @@ def resource_problems(cfg: RunConfig) -> list[str]:
             out += _file_problem(f"task.{key}", getattr(t, key))
     if t.name == "reasoning_gym" and t.dataset:
         out += _dataset_problem(t.dataset)
+    if t.name == "env":
+        out += [p for p in [environment_problem(t.environment)] if p]
+        if t.environment not in ("calculator", "code") and not t.path:
+            out.append("task.path is required for task.environment other than 'calculator' and 'code' (the problems:"
+                       " a JSONL file of {\"prompt\", \"answer\"} rows)")
+        elif t.path:
+            out += _file_problem("task.path", t.path)
     return out
 
 
@@ -624,6 +611,33 @@ def _in_hub_cache(repo_id: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def environment_problem(name: str) -> str | None:
+    """Why `task.environment` names no environment (None when it does): a built-in, an id registered with
+    skyrl-gym, or a 'module:Class' whose module can be found (it is not imported: nothing of the user's runs)."""
+    allowed = "allowed values: 'calculator', 'code', an id registered with skyrl_gym.register, or 'module:Class'"
+    if not name:
+        return f"task.environment is required when task.name='env'; {allowed}"
+    if name in ("calculator", "code"):
+        return None
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        if not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+            return f"task.environment: {name!r} is not a 'module:Class' path; {allowed}"
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        return None if found else f"task.environment: no module {module!r} to import {attr!r} from; {allowed}"
+    import skyrl_gym
+
+    if name not in skyrl_gym.registry:
+        return (f"task.environment: unknown environment {name!r}; {allowed} (registered: "
+                f"{', '.join(sorted(skyrl_gym.registry))})")
+    return None
 
 
 def _file_problem(key: str, path: str) -> list[str]:

@@ -12,7 +12,8 @@ from ablate.analysis import diagnostics as D
 HEALTHY = pd.Series({"arm": "a", "clip_low": 0.1, "clip_high": 0.1, "off_policy": True, "adv_std_end": 0.7,
                      "kl_jump": 1.2, "kl_max": 0.05, "kl_on": True, "kl_abs_max": 0.05, "grad_jump": 1.5,
                      "len_start": 40.0, "len_end": 44.0, "heldout_start": 0.2, "heldout_end": 0.5,
-                     "format_on": True, "format_max": 0.8})
+                     "format_on": True, "format_max": 0.8, "env_errors": 0.0, "episode_truncation": 0.05,
+                     "tool_calls_start": 0.4, "tool_calls_end": 0.9})
 
 
 def with_(**kw):
@@ -35,6 +36,9 @@ def test_every_rule_is_quiet_on_a_healthy_arm_and_has_one_signature():
     ("grad_spike", {"grad_jump": 6.0}, {"grad_jump": 4.9}, "grad-norm spike"),
     ("length_without_accuracy", {"len_end": 60.0, "heldout_end": 0.205}, {"len_end": 60.0}, "length rises 40 -> 60"),
     ("format_never", {"format_max": 0.0}, {"format_max": 0.0, "format_on": False}, "never above 0"),
+    ("env_errors", {"env_errors": 0.25}, {"env_errors": np.nan}, "up to 25% of a step's episodes"),
+    ("episodes_truncated", {"episode_truncation": 0.3}, {"episode_truncation": 0.1}, "30% of episodes end"),
+    ("tools_abandoned", {"tool_calls_end": 0.05}, {"tool_calls_end": 0.1}, "tool calls per episode fall 0.4 -> 0.05"),
 ])
 def test_rule_fires_on_its_case_only(rule, bad, good, text):
     assert text in D.RULES[rule](with_(**bad))

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALLEST = {
     "ci_coverage.py": ["--sims", "20", "--seeds", "3"],
     "code_sandbox.py": ["--n", "2", "--workers", "1"],
+    "episodes.py": ["--problems", "2", "--group", "2", "--repeats", "1"],
     "gather.py": ["--rows", "8", "--tokens", "16", "--prompt", "8", "--repeats", "1"],
     "gpu_check.py": ["--tiny", "--device", "cpu"],  # the CPU path of benchmarks/gpu_check.sh
     "load_report.py": ["--runs", "8", "--steps", "5", "--dir", "{tmp}/load"],

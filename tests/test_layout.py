@@ -48,9 +48,12 @@ def test_lower_layers_never_import_higher_ones():
     assert not violations, "upward imports:\n" + "\n".join(violations)
 
 
-def test_config_imports_nothing_of_ablate_but_the_schema():
-    assert {".".join(m.split(".")[:2]) for m in imported_modules(PKG / "config.py")} == {"ablate.schema"}
+def test_config_imports_nothing_of_ablate_but_the_schema_and_presets():
+    # the presets table is plain data that imports nothing of ablate itself
+    assert {".".join(m.split(".")[:2]) for m in imported_modules(PKG / "config.py")} == {"ablate.schema",
+                                                                                        "ablate.presets"}
     assert imported_modules(PKG / "schema.py") == set()
+    assert imported_modules(PKG / "presets.py") == set()
 
 
 def test_every_module_is_described_in_the_architecture_doc():

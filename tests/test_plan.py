@@ -24,7 +24,7 @@ FIELDS = {f.name for f in dataclasses.fields(RecipeConfig)}
 DESCRIBE = {"config.py", "runs/tracking.py"}
 # the loop and everything it calls per step: not one recipe read, not even `.recipe`
 LOOP = {"train/trainer.py", "train/update.py", "train/critic.py", "train/offpolicy.py", "train/recipes.py",
-        "train/evaluation.py"}
+        "train/evaluation.py", "train/episodes.py"}
 
 
 def recipe_reads(source: str) -> Counter:
@@ -176,3 +176,21 @@ def test_the_is_correction_is_the_entry_with_its_band(name):
     want = IS_CORRECTIONS[name](old, behav, mask, cap=1.5, lo=band.get("is_lo"), hi=band.get("is_hi"))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert p.is_weighted == (name != "none")
+
+
+def test_multi_turn_toggles():
+    """recipe.mask_env_tokens and recipe.credit (multi-turn episodes): whether the environment's replies enter
+    the loss, and turn-level credit bound with the advantage estimator's settings (docs/environments.md)."""
+    env = {"task": {"name": "env", "environment": "calculator"}}
+    assert not plan().env_tokens_in_loss and plan_step(parse({**env, "recipe": {"mask_env_tokens": False}}),
+                                                       1).env_tokens_in_loss
+    assert plan().turn_credit is None  # episode credit: the row's advantage, as for a single turn
+    p = plan_step(parse({**env, "recipe": {"credit": "turn", "baseline": "group_mean", "scale": "group",
+                                           "std_ddof": 0, "std_eps": 1e-12}}), 1)
+    # the worked example (docs/environments.md): episode 1 pays 0.1 for a failed call, then succeeds; episode 2
+    # fails in one turn. Returns G_11 = 0.9, G_12 = 1.0, G_21 = 0; mean 0.45, std 0.45
+    adv = p.turn_credit(torch.tensor([[0.9, 0.0]], dtype=torch.float64),
+                        torch.tensor([[-0.1, 1.0], [0.0, 0.0]], dtype=torch.float64),
+                        torch.tensor([[0, 0, 1], [0, 0, 0]]))
+    assert torch.allclose(adv, torch.tensor([[1.0, 1.0, 0.55 / 0.45], [-1.0, -1.0, -1.0]], dtype=torch.float64),
+                          atol=1e-9)

@@ -303,3 +303,18 @@ def test_offline_run_prints_one_line(tmp_path, capfd):
     run(toy("steps=1"), tmp_path / "run")
     err = [line for line in capfd.readouterr().err.splitlines() if "wandb" in line.lower()]
     assert len(err) == 1 and "wandb sync" in err[0], err
+
+
+def test_episode_metrics_are_mirrored(tmp_path):
+    """A multi-turn run (calculator episodes, the committed tiny-calc model): W&B holds every episode/* value
+    the store logged, plotted against train/step."""
+    cfg = load("configs/calculator.yaml", ["steps=2", "eval.every=0", "eval.n_samples=2", "eval.ks=[1, 2]",
+                                           "task.num_heldout=4", "prompts_per_step=2"])
+    store = run(cfg, tmp_path / "run")
+    sessions = records(tmp_path / "run")
+    rows = history(sessions)
+    assert_mirrors(store, rows, no_perf)
+    assert all("episode/turns" in r and "episode/env_token_frac" in r for r in rows if r["_step"] > 0)
+    metric_defs = {r["metric"].get("glob_name"): r["metric"].get("step_metric")
+                   for r in sessions[0] if r["type"] == "metric"}
+    assert metric_defs["episode/*"] == "train/step"

@@ -15,6 +15,9 @@ Health checks (`RULES`): each a pure function of one arm's diagnostics row (a pd
 - format_never: the format reward is weighted (recipe.format_weight > 0) but never above 0. With
   weight 0 the format reward is not measured (train/reward_format_mean is a placeholder 0), so
   nothing is said about it.
+- env_errors / episodes_truncated / tools_abandoned (multi-turn episodes): the environment failed in some
+  step; more than TRUNC_HIGH of the episodes end truncated late in training; tool calls per episode fall
+  below a fifth of their start.
 """
 
 from __future__ import annotations
@@ -114,6 +117,15 @@ def run_diagnostics(study, metric: str | None = None) -> pd.DataFrame:
                 "offpolicy_cap": _seg(col("offpolicy/is_cap_frac"), 0, 1),
                 "offpolicy_rejected": _seg(col("offpolicy/rejected_token_frac"), 0, 1)}
                if "offpolicy/kl_k3" in g else {}),
+            # multi-turn episodes (docs/environments.md); only where they were logged
+            **({"episode_turns": _seg(col("episode/turns"), 0, 1),
+                "tool_calls_start": _seg(col("episode/tool_calls"), 0, 0.1),
+                "tool_calls_end": _seg(col("episode/tool_calls"), 0.9, 1.0),
+                "tool_errors": _seg(col("episode/tool_errors"), 0, 1),
+                "env_token_frac": _seg(col("episode/env_token_frac"), 0, 1),
+                "env_errors": float(np.nanmax(col("episode/env_errors"))),
+                "episode_truncation": _seg(col("episode/end_max_turns") + col("episode/end_budget"), 0.75, 1.0)}
+               if "episode/turns" in g else {}),
         })
     return pd.DataFrame(rows)
 
@@ -202,8 +214,32 @@ def format_never(r) -> str | None:
     return None
 
 
+def env_errors(r) -> str | None:
+    v = r.get("env_errors", np.nan)
+    if np.isfinite(v) and v > 0:
+        return (f"the environment failed in '{r['arm']}' (up to {v:.0%} of a step's episodes: a raise, a timeout or "
+                "a reply of the wrong types; those episodes scored 0)")
+    return None
+
+
+def episodes_truncated(r) -> str | None:
+    v = r.get("episode_truncation", np.nan)
+    if np.isfinite(v) and v > TRUNC_HIGH:
+        return (f"{v:.0%} of episodes end by task.episode.max_turns or the token budget in '{r['arm']}' late in "
+                "training: the outcome of a truncated episode is 0")
+    return None
+
+
+def tools_abandoned(r) -> str | None:
+    a, b = r.get("tool_calls_start", np.nan), r.get("tool_calls_end", np.nan)
+    if np.isfinite([a, b]).all() and a > 0 and b < 0.2 * a:
+        return f"tool calls per episode fall {a:.3g} -> {b:.3g} in '{r['arm']}': the policy stopped using the tools"
+    return None
+
+
 RULES = {"clip_range": clip_range, "adv_std_low": adv_std_low, "kl_spike": kl_spike, "kl_zero": kl_zero,
-         "grad_spike": grad_spike, "length_without_accuracy": length_without_accuracy, "format_never": format_never}
+         "grad_spike": grad_spike, "length_without_accuracy": length_without_accuracy, "format_never": format_never,
+         "env_errors": env_errors, "episodes_truncated": episodes_truncated, "tools_abandoned": tools_abandoned}
 
 
 def health_warnings(diag: pd.DataFrame) -> list[str]:

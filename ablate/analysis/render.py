@@ -230,7 +230,11 @@ def _diag_rows(rep):
             ("truncation", "truncation", 2), ("clip_low", "clip low", 3), ("clip_high", "clip high", 3),
             ("len_start", "length start", 1), ("len_end", "length end", 1),
             ("offpolicy_kl_k3", "behav-old KL k3", 5), ("offpolicy_ess", "IS ESS share", 4),
-            ("offpolicy_cap", "IS capped", 4), ("offpolicy_rejected", "IS rejected", 4)]
+            ("offpolicy_cap", "IS capped", 4), ("offpolicy_rejected", "IS rejected", 4),
+            ("episode_turns", "turns", 2), ("tool_calls_start", "tool calls start", 2),
+            ("tool_calls_end", "tool calls end", 2), ("tool_errors", "tool errors", 2),
+            ("env_token_frac", "env token share", 2), ("env_errors", "env errors (max)", 2),
+            ("episode_truncation", "episodes truncated", 2)]
     d = rep.diagnostics
     cols = [c for c in cols if c[0] in d]
 

@@ -134,8 +134,16 @@ def base_model(
     out: Annotated[Path, typer.Option("--out", metavar="DIR", help="folder to write the model into")] = Path(
         "models/tiny-arith"),
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    tools: Annotated[str, typer.Option("--tools", metavar="ENV", help="warm-start on episodes of this environment "
+                                       "instead: 'calculator' (docs/environments.md)")] = "",
 ):
     """Build (or reuse, if cached) the tiny local base model warm-started on arithmetic."""
+    if tools:
+        if tools != "calculator":
+            fail(f"--tools: {tools!r} is not allowed; allowed values: 'calculator'")
+        from ablate.train.tool_models import tool_model_cli
+
+        return tool_model_cli(str(out), seed)
     from ablate.train.models import base_model_cli
 
     base_model_cli(str(out), seed)

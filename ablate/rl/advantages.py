@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 BaselineFn = Callable[[Tensor, "Tensor | None"], Tensor]  # (rewards[P,G], greedy[P] | None) -> b[P,G]
-ScaleFn = Callable[[Tensor, Tensor, int, float], Tensor]  # (centered, rewards, ddof, eps) -> A[P,G]
+ScaleFn = Callable[[Tensor, Tensor, int, float], Tensor]  # (centered, rewards, ddof, eps) -> [P,G]
 
 
 def _std(x: Tensor, ddof: int, dim: int | None = None) -> Tensor:
@@ -70,16 +70,18 @@ BASELINES: dict[str, BaselineFn] = {
 }
 
 
-# --- scales: fn(centered[P,G], rewards[P,G], ddof, eps) -> A[P,G] ---------------------------------
+# --- scales: fn(centered[P,G], rewards[P,G], ddof, eps) -> divisor s[P,G]; A = centered / s ------------
+# (a divisor rather than A itself, so that turn-level credit, ablate/rl/turns.py, divides every turn's return
+# by the same s as its episode's)
 
 def _scale_none(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Tensor:
     # Dr. GRPO (Liu et al. 2025) / RLOO: std-normalisation biases towards too-easy/too-hard prompts
-    return centered
+    return torch.ones_like(centered)
 
 
 def _scale_group(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Tensor:
     # GRPO: std of the G *rewards* of the prompt. A dead group has centered == 0, so 0 / eps = 0.
-    return centered / (_std(rewards, ddof, dim=1) + eps)
+    return (_std(rewards, ddof, dim=1) + eps).expand_as(centered)
 
 
 def _scale_batch(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Tensor:
@@ -90,14 +92,17 @@ def _scale_batch(centered: Tensor, rewards: Tensor, ddof: int, eps: float) -> Te
     # a group baseline, using the centered values keeps the estimator invariant to per-prompt reward
     # offsets, which the std of raw rewards would not be. We do not re-subtract the batch mean:
     # that would silently replace the chosen baseline.
-    return centered / (_std(centered, ddof) + eps)
+    return (_std(centered, ddof) + eps).expand_as(centered)
 
 
-SCALES: dict[str, ScaleFn] = {
+DIVISORS: dict[str, ScaleFn] = {
     "none": _scale_none,
     "group": _scale_group,
     "batch": _scale_batch,
 }
+SCALES: dict[str, ScaleFn] = {  # fn(centered, rewards, ddof, eps) -> A = centered / divisor
+    name: (lambda div: lambda centered, rewards, ddof, eps: centered / div(centered, rewards, ddof, eps))(div)
+    for name, div in DIVISORS.items()}
 
 
 def _lookup(registry: dict, name: str, what: str):

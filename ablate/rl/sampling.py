@@ -33,6 +33,16 @@ class Rollout:
     truncated: Tensor        # [N] bool, no EOS within the token budget
     texts: list[str]         # decoded completions (EOS and padding removed)
     behav_logp: Tensor       # [N, T] float32 log pi_behav(token) as sampled (after temperature); 0 where masked
+    # Multi-turn episodes (ablate/train/episodes.py, docs/environments.md); single-turn rollouts leave them None.
+    # The completion is then the whole episode after the prompt: policy turns and the environment's replies.
+    policy_mask: Tensor | None = None   # [N, T] float, 1 on tokens the policy sampled (None: = completion_mask)
+    turn: Tensor | None = None          # [N, T] long, turn index of each token (a turn's reply shares its index)
+    turn_rewards: Tensor | None = None  # [N, K] float64, the environment's reward after each turn t < K = max turns
+    episode: Tensor | None = None       # [N, len(EPISODE_FIELDS)] float64, per-episode counts (EPISODE_FIELDS)
+
+    def __post_init__(self):
+        if self.policy_mask is None:  # single turn: every completion token was sampled by the policy
+            self.policy_mask = self.completion_mask
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -41,11 +51,22 @@ class Rollout:
     def lengths(self) -> Tensor:  # [N]
         return self.completion_mask.sum(-1)
 
+    @property
+    def multi_turn(self) -> bool:
+        return self.episode is not None
+
     def select(self, idx: Tensor) -> Rollout:
         """Rows `idx` (a 1-d index tensor)."""
         rows = idx.tolist()
-        return Rollout(**{f.name: [v[i] for i in rows] if isinstance(v := getattr(self, f.name), list) else v[idx]
-                          for f in fields(self)})
+        return Rollout(**{f.name: v if v is None else [v[i] for i in rows] if isinstance(v, list) else v[idx]
+                          for f in fields(self) for v in [getattr(self, f.name)]})
+
+    def columns(self, p: int, t: int) -> Rollout:
+        """The last `p` prompt columns and the first `t` completion columns of every row."""
+        cut = lambda x: None if x is None else x[:, :t]  # noqa: E731
+        return Rollout(self.prompt_ids[:, -p:], self.prompt_mask[:, -p:], self.completion_ids[:, :t],
+                       self.completion_mask[:, :t], self.truncated, self.texts, self.behav_logp[:, :t],
+                       cut(self.policy_mask), cut(self.turn), self.turn_rewards, self.episode)
 
     @staticmethod
     def cat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -57,6 +78,12 @@ class Rollout:
             gap = width - x.shape[1]
             return F.pad(x, (gap, 0) if left else (0, gap), value=value)
 
+        def extra(name: str, width: int | None) -> Tensor | None:  # an episode field: all parts have it or none
+            if getattr(parts[0], name) is None:
+                return None
+            return torch.cat([getattr(r, name) if width is None else pad(getattr(r, name), width, False, 0)
+                              for r in parts])
+
         return Rollout(
             prompt_ids=torch.cat([pad(r.prompt_ids, P, True, pad_id) for r in parts]),
             prompt_mask=torch.cat([pad(r.prompt_mask, P, True, 0) for r in parts]),
@@ -65,7 +92,13 @@ class Rollout:
             truncated=torch.cat([r.truncated for r in parts]),
             texts=[t for r in parts for t in r.texts],
             behav_logp=torch.cat([pad(r.behav_logp, T, False, 0.0) for r in parts]),
+            policy_mask=torch.cat([pad(r.policy_mask, T, False, 0.0) for r in parts]),
+            turn=extra("turn", T), turn_rewards=extra("turn_rewards", None), episode=extra("episode", None),
         )
+
+
+# the columns of Rollout.episode: counts per episode, and how it ended (one-hot over the three causes)
+EPISODE_FIELDS = ("turns", "tool_calls", "tool_errors", "env_errors", "end_done", "end_max_turns", "end_budget")
 
 
 SAMPLER = "global_row_inverse_cdf_v1"  # recorded in provenance.json: how the trainer draws its tokens

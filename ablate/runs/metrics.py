@@ -113,6 +113,19 @@ STEP_METRICS.update({
     "critic/grad_norm": "global gradient norm of the value model before clipping (`optim.grad_clip`), mean over critic minibatch updates",
 })
 
+# multi-turn episodes (`task.name: env`, docs/environments.md): per step, over the step's episodes
+STEP_METRICS.update({
+    "episode/turns": "mean policy turns per episode",
+    "episode/tool_calls": "mean tool calls per episode (turns whose environment step reported `tool_call`)",
+    "episode/tool_errors": "mean failed tool calls per episode (environment steps that reported `tool_error`)",
+    "episode/env_errors": "share of episodes ended by an environment error (a raise, a timeout after `task.episode.env_timeout_s`, or a reply of the wrong types; reward 0)",
+    "episode/env_token_frac": "environment tokens over all completion tokens (policy and environment) of the step",
+    "episode/end_done": "share of episodes the environment ended (`done`)",
+    "episode/end_max_turns": "share of episodes truncated after `task.episode.max_turns` turns",
+    "episode/end_budget": "share of episodes truncated by the token budget `recipe.max_new_tokens`",
+    "episode/policy_tokens_per_turn": "policy tokens over policy turns, over the step's episodes",
+})
+
 EVAL_METRICS: dict[str, str] = {
     "eval/pass@{k}": "unbiased pass@k on held-out problems (n samples each at `eval.temperature`), mean over problems",
     "eval/maj@{k}": "held-out majority vote: share of problems whose most frequent extracted answer among the first k samples is correct (tasks without answer extraction vote on the verifier outcome: all correct samples count as one answer, each distinct wrong text as another)",
@@ -167,6 +180,11 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "offpolicy/chi2_seq": (-1.0, None),
     "critic/explained_variance": (None, 1.0),
     "eval/train_minus_heldout_reward": (-1.0, 1.0),        # a difference of two verifier means in [0, 1]
+    **dict.fromkeys([  # multi-turn episodes: shares of episodes or tokens, and counts per episode or turn
+        "episode/env_errors", "episode/env_token_frac", "episode/end_done", "episode/end_max_turns",
+        "episode/end_budget"], SHARE),
+    **dict.fromkeys(["episode/turns", "episode/tool_calls", "episode/tool_errors",
+                     "episode/policy_tokens_per_turn"], NONNEG),
 }
 KL_ESTIMATE = ("train/kl", "train/loss_kl", "train/reward_kl_mean")
 # `recipe.kl_estimator` (ablate/rl/losses.py::KL_ESTIMATORS) -> whether its every value is >= 0

@@ -155,7 +155,7 @@ class WandbMirror:
         self.offline = mode == "offline"
         self._write_state()  # the id first, so a crash from here on still resumes this W&B run
         self.run.define_metric("train/step")
-        for prefix in ("train", "eval", "perf", "counters"):
+        for prefix in ("train", "eval", "perf", "counters", "episode"):
             self.run.define_metric(f"{prefix}/*", step_metric="train/step")
         self.step, self.row, self.samples = None, {}, []  # the optimizer step being assembled
 

@@ -23,6 +23,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "toy_addition": ("ablate.tasks.toy", "build_task"),
     "code": ("ablate.tasks.code", "build"),
     "mixture": ("ablate.tasks.mixture", "build"),
+    "env": ("ablate.tasks.environments", "build"),
 }
 
 

@@ -139,6 +139,54 @@ def run_tests(code: str, entry_point: str, tests: list[str], limits: Limits = Li
     return passed
 
 
+# Runs a script with the untrusted child's rlimits (the tests' harness does the same for its child), then
+# replaces itself by the interpreter on the script: its stdout, stderr and exit status are the script's.
+RUNNER = r'''
+import json, os, resource, sys
+job = json.loads(sys.stdin.read())
+mb, lim = 1 << 20, job["limits"]
+for res, value in ((resource.RLIMIT_CPU, lim["cpu_seconds"]), (resource.RLIMIT_AS, lim["memory_mb"] * mb),
+                   (resource.RLIMIT_FSIZE, lim["file_size_mb"] * mb), (resource.RLIMIT_NPROC, lim["max_procs"]),
+                   (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(res, (value, value))
+os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", job["code"]])
+'''
+MAX_OUTPUT = 4096  # bytes of stdout and of stderr kept
+
+
+@dataclass(frozen=True)
+class Execution:
+    stdout: str
+    stderr: str
+    exit_status: int  # the script's; -9 when the wall clock ran out
+
+
+def run_code(code: str, limits: Limits = Limits()) -> Execution:
+    """Run a script in the sandbox (as the tests' child runs: same namespaces, filter, rlimits, wall clock) and
+    return what it printed (the first MAX_OUTPUT bytes of each stream) and its exit status."""
+    filter_fds = _seccomp_fds(limits)
+    seccomp = [arg for fd in filter_fds for arg in ("--seccomp", str(fd))]
+    with slot() as uid:
+        user = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
+        proc = subprocess.Popen(bwrap_argv(limits) + seccomp + [PYTHON, "-I", "-S", "-c", RUNNER],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=filter_fds, env={}, process_group=0, **user)
+        for fd in filter_fds:
+            os.close(fd)
+        try:
+            out, err = proc.communicate(json.dumps({"code": code, "limits": asdict(limits)}).encode(),
+                                        timeout=limits.wall_seconds)
+            status = proc.returncode
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            out, err = proc.communicate()
+            status = -9
+        finally:
+            _kill(proc)
+    text = lambda b: b[:MAX_OUTPUT].decode(errors="replace")  # noqa: E731
+    return Execution(text(out), text(err), status)
+
+
 def _seccomp_fds(limits: Limits) -> tuple[int, ...]:
     """() without the filter, else the read end of a pipe holding it (bubblewrap reads it to EOF)."""
     if not limits.seccomp:

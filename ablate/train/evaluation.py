@@ -13,7 +13,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval
-from ablate.train import distributed
+from ablate.train import distributed, episodes
 
 
 @torch.no_grad()
@@ -80,6 +80,9 @@ def eval_chunk(policy, task, probs: list[Problem], prompts: list[str], cfg: RunC
     n = cfg.eval.n_samples
 
     def mine(part: slice):
+        if episodes.is_env(task):  # multi-turn episodes: the environment scores them
+            return episodes.eval_part(policy, task, probs[part], n, cfg.eval.temperature, max_new, policy.tokenizer,
+                                      key, part.start * n, len(probs) * n)
         noise = RowNoise(key, len(probs) * n, part.start * n, part.stop * n)
         ro = policy.sample(prompts[part], n, cfg.eval.temperature, max_new, noise=noise)
         scores = torch.tensor(score_batch(task, [p for p in probs[part] for _ in range(n)], ro.texts, train=False))

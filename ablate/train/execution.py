@@ -45,8 +45,7 @@ def trim(rollout: Rollout) -> Rollout:
     longest completion (right). Under causal attention with masked padding no kept value changes."""
     p = max(int(rollout.prompt_mask.sum(1).max()), 1)
     t = max(int(rollout.completion_mask.sum(1).max()), 1)
-    return Rollout(rollout.prompt_ids[:, -p:], rollout.prompt_mask[:, -p:], rollout.completion_ids[:, :t],
-                   rollout.completion_mask[:, :t], rollout.truncated, rollout.texts, rollout.behav_logp[:, :t])
+    return rollout.columns(p, t)
 
 
 def micro_batches(rollout: Rollout, idx: Tensor, budget: int, max_rows: int | None = None

@@ -204,6 +204,31 @@ def measure_skill(model, tok, task, problems, n: int = 8, temperature: float = 1
     }
 
 
+def warm_start(model, steps: int, lr: float, next_batch, progress: bool, label: str = "warm start") -> float:
+    """Supervised warm start of `model` in place: `steps` AdamW steps on `next_batch()` -> (ids, mask, labels)
+    [B, L], gradients clipped at 1; returns the loss's moving average (0.95) at the end."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    # linear warmup then cosine decay to 10%: a short run needs a fast start and a quiet end
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps))))
+    model.train()
+    loss_ema = None
+    with _progress(progress) as bar:
+        job = bar.add_task(label, total=steps, loss=float("nan"))
+        for _ in range(steps):
+            ids, mask, labels = next_batch()
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+            bar.update(job, advance=1, loss=loss_ema)
+    return loss_ema
+
+
 def _cached(out: Path, settings: BuildSettings) -> bool:
     meta = out / "build.json"
     if not (meta.is_file() and (out / "config.json").is_file()):
@@ -233,26 +258,8 @@ def build_base_model(out_dir: str | Path, seed: int = 0, steps: int | None = Non
     tok = build_tokenizer()
     model = _new_model(settings, tok)
     task_cfg = TaskConfig(digits=settings.digits, operators=settings.operators)
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
-    warmup = max(1, settings.steps // 20)
-    # linear warmup then cosine decay to 10%: a short run needs a fast start and a quiet end
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i, settings.steps) / settings.steps))))
-    model.train()
-    loss_ema = None
-    with _progress(progress) as bar:
-        job = bar.add_task("warm start", total=settings.steps, loss=float("nan"))
-        for _ in range(settings.steps):
-            batch = [_train_problem(rng, settings) for _ in range(settings.batch_size)]
-            ids, mask, labels = _sft_batch(batch, tok, rng, settings.label_noise)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-            bar.update(job, advance=1, loss=loss_ema)
+    loss_ema = warm_start(model, settings.steps, settings.lr, lambda: _sft_batch(
+        [_train_problem(rng, settings) for _ in range(settings.batch_size)], tok, rng, settings.label_noise), progress)
     train_seconds = time.time() - t0
 
     task = build_task(task_cfg)

@@ -58,23 +58,29 @@ def pending_from_state(state: list[dict], batch_type: type) -> Pending:
 
 # --- the correction and its metrics ------------------------------------------------------------
 
-def correct(correction, old_logp: Tensor | None, behav_logp: Tensor, trainable_mask: Tensor):
+def correct(correction, old_logp: Tensor | None, behav_logp: Tensor, trainable_mask: Tensor, policy_mask: Tensor):
     """Apply the step's IS correction (`plan.is_correction`, an IS_CORRECTIONS entry with its parameters):
     (IS weights [N,T], loss mask [N,T]: `trainable_mask` minus the rejected tokens, stats). With `none`
     the mask comes back unchanged and the weights are 1. `old_logp` None: the step ran no old pass
-    (plan.old_pass), so the correction is `none`, which reads no log-prob."""
+    (plan.old_pass), so the correction is `none`, which reads no log-prob. `policy_mask` [N,T]: the tokens
+    the policy sampled (all completion tokens of a single turn; not the environment's replies of an episode).
+    Only those have behaviour log-probs, so the correction reads those; an environment token in the loss
+    keeps weight 1 and stays unless its whole row was rejected."""
     old_logp = behav_logp if old_logp is None else old_logp
-    weights, keep, stats = correction(old_logp, behav_logp.to(old_logp.device), trainable_mask)
-    return weights, trainable_mask * keep, stats
+    policy = trainable_mask * policy_mask.to(trainable_mask.dtype)
+    weights, keep, stats = correction(old_logp, behav_logp.to(old_logp.device), policy)
+    row_kept = keep.any(1, keepdim=True) | ~policy.bool().any(1, keepdim=True)  # [N,1]
+    env = (trainable_mask - policy) * row_kept  # environment tokens in the loss, of the rows not rejected whole
+    return weights, policy * keep + env, stats
 
 
 def step_metrics(old_logp: Tensor, behav_logp: Tensor, trainable_mask: Tensor, weights: Tensor, loss_mask: Tensor,
-                 stats: dict, lag: int) -> dict[str, float]:
-    """The `offpolicy/*` metrics of one step (definitions in ablate/runs/metrics.py), over the tokens the
-    loss may count before rejection (`trainable_mask`; `loss_mask`: those the correction kept); a value
-    undefined for lack of counted tokens is not logged."""
+                 stats: dict, lag: int, policy_mask: Tensor) -> dict[str, float]:
+    """The `offpolicy/*` metrics of one step (definitions in ablate/runs/metrics.py), over the policy's tokens
+    the loss may count before rejection (`trainable_mask` x `policy_mask`; `loss_mask`: those the correction
+    kept); a value undefined for lack of counted tokens is not logged."""
     lag_rows = torch.full((len(old_logp),), float(lag), device=old_logp.device)
-    out = mismatch_metrics(old_logp, behav_logp.to(old_logp.device), trainable_mask, weights, loss_mask.bool(),
-                           lag_rows)
+    out = mismatch_metrics(old_logp, behav_logp.to(old_logp.device), trainable_mask * policy_mask.to(
+        trainable_mask.dtype), weights, loss_mask.bool(), lag_rows)
     out["is_cap_frac"] = stats["is_cap_frac"]
     return {f"offpolicy/{k}": float(v) for k, v in out.items() if math.isfinite(float(v))}

@@ -3,7 +3,8 @@
 `plan_step(cfg, step)` is where the training step reads `cfg.recipe` (tests/test_plan.py checks that no
 other module of the step does): how the batch is sampled and rewarded, which passes run over the rollout
 before the update (pi_old, the reference, the critic), the KL term and where it goes, the advantage
-functions, the off-policy correction, the token selection and weighting, and the policy-loss entry with
+functions (turn-level credit in multi-turn episodes), the off-policy correction, the tokens the loss counts
+(an episode's environment replies or not), their selection and weighting, and the policy-loss entry with
 its parameters. Schedules (temperature, max_new_tokens, the format weight's annealing) take their values
 at `step`. What evolves during a run is state, not plan: the adaptive KL coefficient (recipes.KLState),
 the data policy's pool (data.PromptSampler), the staleness FIFO (offpolicy.Pending).
@@ -25,6 +26,7 @@ from ablate.rl.advantages import compute_advantages
 from ablate.rl.corrections import IS_CORRECTIONS
 from ablate.rl.rewards import format_weight_at
 from ablate.rl.schedules import max_new_tokens_at, temperature_at
+from ablate.rl.turns import credit_advantages
 from ablate.train import recipes
 
 
@@ -99,10 +101,14 @@ class StepPlan:
     critic: Critic | None             # the critic gives token-level GAE advantages; None: no critic
     # advantages
     advantages: Callable[..., Tensor]           # (rewards [B,G], greedy_rewards=[B] | None) -> [B,G]
+    turn_credit: Callable[..., Tensor] | None   # episodes, turn-level credit: (episode returns [B,G], turn
+                                                # rewards [N,K], turn [N,T]) -> [N,T]; None: one per row
     token_advantages: Callable[..., Tensor] | None  # recipes.TOKEN_ADVANTAGES entry (ddof, eps bound); None: GAE
     shape_advantages: Callable[[Tensor], Tensor]  # positive / negative weights, clip
     drop_truncated: bool              # overlong='mask': truncated completions leave the loss
     # the tokens the loss counts and their weights
+    env_tokens_in_loss: bool          # multi-turn episodes: the environment's replies count too (single turn: no
+                                      # such tokens)
     is_correction: Callable[..., tuple]  # IS_CORRECTIONS entry with its cap / band: (old, behav, mask) ->
                                          # (weights, kept, stats)
     is_weighted: bool                 # its weights multiply each token's loss (any correction but 'none')
@@ -148,11 +154,14 @@ def plan_step(cfg: RunConfig, step: int) -> StepPlan:
         critic=Critic(lr=r.critic_lr or cfg.optim.lr, gamma=r.gae_gamma, lam=r.gae_lambda, value_clip=r.value_clip,
                       vf_coef=r.vf_coef, ddof=r.std_ddof, eps=r.std_eps) if r.adv_whiten == "gae" else None,
         advantages=partial(compute_advantages, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof, eps=r.std_eps),
+        turn_credit=partial(credit_advantages, r.credit, baseline=r.baseline, scale=r.scale, ddof=r.std_ddof,
+                            eps=r.std_eps) if r.credit != "episode" else None,  # episode: the row's advantage
         token_advantages=partial(recipes.TOKEN_ADVANTAGES[r.adv_whiten], ddof=r.std_ddof, eps=r.std_eps)
         if r.adv_whiten != "gae" else None,
         shape_advantages=partial(recipes.shape_advantages, pos_weight=r.pos_adv_weight,
                                  neg_weight=r.neg_adv_weight, clip=r.adv_clip),
         drop_truncated=r.overlong == "mask",
+        env_tokens_in_loss=not r.mask_env_tokens,
         is_correction=partial(IS_CORRECTIONS[r.is_correction], cap=r.is_cap, lo=r.is_lo, hi=r.is_hi),
         is_weighted=r.is_correction != "none",
         select_tokens=partial(losses.top_entropy_mask, quantile=r.entropy_quantile) if selects else None,

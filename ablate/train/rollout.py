@@ -29,11 +29,14 @@ class RolloutEngine(Protocol):
 
     pad_id: int
 
-    def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-               greedy: bool = False, noise: RowNoise | None = None) -> Rollout:
+    def sample(self, prompts: list[str] | list[list[int]], n: int, temperature: float, max_new_tokens: int,
+               greedy: bool = False, noise: RowNoise | None = None, stop: list[str] | None = None) -> Rollout:
         """n completions per prompt, rows grouped by prompt, with `Rollout.behav_logp`: the log-prob of each
         sampled token under the distribution it was sampled from (after temperature; 0 where masked).
-        `noise`: the uniforms of these rows, one per position (inverse-CDF sampling, rl/sampling.py)."""
+        `noise`: the uniforms of these rows, one per position (inverse-CDF sampling, rl/sampling.py).
+        A prompt is a text or a list of token ids (taken as they are: a multi-turn episode continues from its
+        exact tokens, ablate/train/episodes.py). `stop`: strings that end a completion like EOS does, the
+        token that completes one included (vLLM's `stop` with the stop text kept); not truncated."""
 
     def sync_weights(self, module: torch.nn.Module, version: int) -> None:
         """Receive the trained weights after update `version` (the number of optimiser steps so far)."""
@@ -71,17 +74,17 @@ class LMPolicy:
         enabled = self.autocast_dtype is not None
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=enabled)
 
-    def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
-        self.tokenizer.padding_side = "left"
-        # a chat template already wrote BOS into the text; plain prompts get the tokenizer's specials
-        bos = self.tokenizer.bos_token
-        special = not (bos and prompts[0].startswith(bos))
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=special)
-        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+    def encode(self, prompts: list[str] | list[list[int]]) -> tuple[Tensor, Tensor]:
+        """Left-padded ids and attention mask [B, P] of texts (`prompt_ids`) or of token-id lists as given."""
+        rows = [prompt_ids(self.tokenizer, p) if isinstance(p, str) else list(p) for p in prompts]
+        width = max(map(len, rows))
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+        return ids.to(self.device), mask.to(self.device)
 
     @torch.no_grad()
-    def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-               greedy: bool = False, noise: RowNoise | None = None) -> Rollout:
+    def sample(self, prompts: list[str] | list[list[int]], n: int, temperature: float, max_new_tokens: int,
+               greedy: bool = False, noise: RowNoise | None = None, stop: list[str] | None = None) -> Rollout:
         """n completions per prompt (rows grouped by prompt), with the behaviour log-prob of every sampled
         token (`Rollout.behav_logp`). Each prompt is prefilled once and its KV cache repeated n times: the
         n rows of a group share it exactly (causal attention). With `noise` each token is drawn by inverse
@@ -106,7 +109,8 @@ class LMPolicy:
         vocab = self.base.get_output_embeddings().weight.shape[0]
         logits = torch.empty(N, vocab, dtype=torch.promote_types(self.base.dtype, torch.float32), device=self.device)
         work = torch.empty(min(N, max(1, DRAW_ELEMENTS // vocab)), vocab, device=self.device)  # draw's scratch
-        tokens, logps = [], []
+        tokens, logps, ends = [], [], []
+        stopped = stopper(self.tokenizer, stop)
         with self._autocast():
             out = decoder(input_ids=uids, attention_mask=umask, position_ids=positions[::n], use_cache=True,
                           **{self.cache_arg: cache})
@@ -125,7 +129,9 @@ class LMPolicy:
                 tokens.append(tok)
                 logp = torch.zeros(N, device=self.device).index_copy_(0, alive, logp_a)
                 logps.append(torch.where(done, torch.zeros_like(logp), logp))  # 0 after EOS (masked)
-                done |= tok == self.eos_id
+                end = ~done & ((tok == self.eos_id) | stopped(tokens, done))  # [N] this token ends its row
+                ends.append(end)
+                done |= end
                 if done.all() or t == max_new_tokens - 1:
                     break
                 if compact and done[alive].any():
@@ -138,11 +144,12 @@ class LMPolicy:
                 self._head_into(logits, hidden)
                 next_pos = next_pos + 1
         completion = torch.stack(tokens, dim=1)  # [N, T]
-        is_eos = completion == self.eos_id
-        # 1 up to and including the first EOS: no EOS strictly before this position
-        completion_mask = (is_eos.long().cumsum(-1) - is_eos.long() == 0).float()
-        texts = self.tokenizer.batch_decode(completion.masked_fill(is_eos, self.pad_id), skip_special_tokens=True)
-        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts,
+        is_end = torch.stack(ends, dim=1)  # [N, T] the EOS or stop-completing token of each ended row
+        # 1 up to and including the row's end: no end strictly before this position
+        completion_mask = (is_end.long().cumsum(-1) - is_end.long() == 0).float()
+        texts = self.tokenizer.batch_decode(completion.masked_fill(completion == self.eos_id, self.pad_id),
+                                            skip_special_tokens=True)
+        return Rollout(ids, mask, completion, completion_mask, ~is_end.any(-1), texts,
                        behav_logp=torch.stack(logps, dim=1))
 
     def _head_into(self, out: Tensor, hidden: Tensor) -> Tensor:
@@ -220,6 +227,32 @@ class LMPolicy:
             tail = decoder(input_ids=rollout.completion_ids[:, :-1], attention_mask=mask[:, :-1],
                            position_ids=positions[:, P:-1], use_cache=True, **{self.cache_arg: cache})
         return torch.cat([last, tail.last_hidden_state], dim=1)
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """A prompt's token ids: a chat template already wrote BOS into the text; a plain prompt gets the
+    tokenizer's specials (BOS)."""
+    bos = tokenizer.bos_token
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+
+def stopper(tokenizer, stop: list[str] | None):
+    """fn(tokens so far: a list of [N] tensors, done [N]) -> [N] bool: the rows whose decoded text gained a
+    stop string with the last token (each at least one character, so the last len(longest stop) tokens of a
+    row hold any stop string it just completed). No stop strings: always False."""
+    if not stop:
+        return lambda tokens, done: torch.zeros_like(done)
+    k = max(map(len, stop))
+
+    def stopped(tokens: list[Tensor], done: Tensor) -> Tensor:
+        tail = torch.stack(tokens[-k:], dim=1)  # [N, <=k]
+        rows = (~done).nonzero().flatten().tolist()
+        texts = tokenizer.batch_decode(tail[rows].tolist(), skip_special_tokens=True) if rows else []
+        hit = torch.zeros_like(done)
+        for r, text in zip(rows, texts):
+            hit[r] = any(s in text for s in stop)
+        return hit
+    return stopped
 
 
 class AdaptersOff:

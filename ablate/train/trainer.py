@@ -2,7 +2,8 @@
 
     set_up, then resume from the checkpoint or start (the held-out evaluation before training); per step:
         plan = plan_step(cfg, step)         the recipe resolved for this step (ablate/train/plan.py)
-        1. sample       rollouts and their task reward (dynamic sampling; `staleness` batches ahead)
+        1. sample       rollouts (or multi-turn episodes) and their task reward (dynamic sampling; `staleness`
+                        batches ahead)
         2. score        pi_old and reference log-probs; the KL term in the reward
         3. advantages   advantages; the tokens the loss counts (IS correction) and their weights
         4. optimize     the update epochs; the KL controller, the lr schedule, the rollout engine's weights
@@ -31,7 +32,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_train
-from ablate.train import distributed, execution, offpolicy, preemption, recipes, sharding
+from ablate.train import distributed, episodes, execution, offpolicy, preemption, recipes, sharding
 from ablate.train.critic import Critic, build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
@@ -214,6 +215,9 @@ def sample_groups(engine, task, problems: list[Problem], sampling: Sampling, tok
     seconds = [0.0]
 
     def mine(part: slice):
+        if episodes.is_env(task):  # multi-turn episodes; the environment's rewards come with them
+            return episodes.sample_part(engine, task, problems[part], sampling, tokenizer, key, part.start * G,
+                                        len(problems) * G)
         noise = RowNoise(key, len(problems) * G, part.start * G, part.stop * G)
         ro = engine.sample([task.prompt_text(p, tokenizer) for p in problems[part]], G, sampling.temperature,
                            sampling.max_new_tokens, noise=noise)
@@ -292,10 +296,16 @@ class Scored:
     rewards: torch.Tensor             # [B, G] task reward - kl_reward: what the advantages see
 
 
+def loss_tokens(plan: StepPlan, rollout: Rollout) -> torch.Tensor:
+    """[N, T] the completion tokens the loss counts, before any is dropped: of a single turn all of them; of a
+    multi-turn episode the policy's, and its environment's replies too when the plan trains on them."""
+    return rollout.completion_mask if plan.env_tokens_in_loss else rollout.policy_mask
+
+
 def score(run: Run, plan: StepPlan, batch: Batch) -> Scored:
     """pi_old's log-probs (recomputed now: the PPO anchor; on-policy the update's first forward is pi_old
     instead, plan.old_pass) and the reference's; with KL in the reward (PPO, REINFORCE++) its per-token
-    estimate and the rewards less its sum."""
+    estimate and the rewards less its sum over the tokens the loss counts."""
     rollout, budget, temperature = batch.rollout, plan.micro_batch_tokens, plan.sampling.temperature
     old_logp, old_entropy = sequence_scores(run.policy, rollout, temperature, budget, entropy=plan.old_entropies) \
         if plan.old_pass else (None, None)
@@ -303,7 +313,7 @@ def score(run: Run, plan: StepPlan, batch: Batch) -> Scored:
     kl_tok, kl_reward, rewards = None, torch.zeros_like(batch.rewards), batch.rewards
     if plan.kl and plan.kl.in_reward:
         kl_tok = plan.kl.estimator(old_logp, ref_logp)
-        kl_reward = run.kl.coef * (kl_tok * rollout.completion_mask).sum(-1).view_as(rewards).cpu()
+        kl_reward = run.kl.coef * (kl_tok * loss_tokens(plan, rollout)).sum(-1).view_as(rewards).cpu()
         rewards = rewards - kl_reward
     return Scored(old_logp, old_entropy, ref_logp, kl_tok, kl_reward, rewards)
 
@@ -314,8 +324,9 @@ def score(run: Run, plan: StepPlan, batch: Batch) -> Scored:
 class Advantages:
     """The step's advantages and the tokens of the policy loss."""
 
-    adv: torch.Tensor                 # [N] one per completion, or [N, T] per token (token whitening, GAE); shaped
-    trainable_mask: torch.Tensor      # [N, T] completion tokens the loss may count (overlong='mask': truncated out)
+    adv: torch.Tensor                 # [N] one per completion, or [N, T] per token (turn credit, token
+                                      # whitening, GAE); shaped
+    trainable_mask: torch.Tensor      # [N, T] loss_tokens the loss may count (overlong='mask': truncated rows out)
     loss_mask: torch.Tensor           # [N, T] the trainable tokens the IS correction keeps: what every loss counts
     is_weights: torch.Tensor          # [N, T] the IS correction's weights (1 with 'none')
     is_stats: dict
@@ -325,17 +336,20 @@ class Advantages:
 
 
 def advantages(run: Run, plan: StepPlan, batch: Batch, scored: Scored, greedy: torch.Tensor | None) -> Advantages:
-    """One advantage per completion (broadcast to its tokens), or per token (recipe.adv_whiten, the critic's
-    GAE after fitting it), then shaped; the tokens the loss counts after the behaviour -> old correction
-    (rejected tokens leave the mask before any denominator), and each token's weight."""
+    """One advantage per completion or episode (broadcast to its tokens), per turn of an episode (turn-level
+    credit), or per token (recipe.adv_whiten, the critic's GAE after fitting it), then shaped; the tokens the
+    loss counts after the behaviour -> old correction (rejected tokens leave the mask before any
+    denominator), and each token's weight."""
     rollout = batch.rollout
-    completion_mask = rollout.completion_mask
-    adv = plan.advantages(scored.rewards, greedy_rewards=greedy).flatten().to(completion_mask.device,
-                                                                              completion_mask.dtype)
-    trainable_mask = completion_mask * (~rollout.truncated).float()[:, None] if plan.drop_truncated \
-        else completion_mask
+    tokens = loss_tokens(plan, rollout)
+    if plan.turn_credit:  # each turn's return from there on, against its group's episode returns [N, T]
+        adv = plan.turn_credit(scored.rewards, rollout.turn_rewards, rollout.turn.cpu())
+    else:
+        adv = plan.advantages(scored.rewards, greedy_rewards=greedy).flatten()
+    adv = adv.to(tokens.device, tokens.dtype)
+    trainable_mask = tokens * (~rollout.truncated).float()[:, None] if plan.drop_truncated else tokens
     is_weights, loss_mask, is_stats = offpolicy.correct(plan.is_correction, scored.old_logp, rollout.behav_logp,
-                                                        trainable_mask)
+                                                        trainable_mask, rollout.policy_mask)
     if plan.critic:
         adv, critic_row = run.critic.step(plan, rollout, batch.rewards, scored.kl_tok, run.kl.coef, loss_mask)
     else:
@@ -376,8 +390,8 @@ def optimize(run: Run, plan: StepPlan, batch: Batch, scored: Scored, adv: Advant
 
 # --- 5. log ----------------------------------------------------------------------------------------
 
-def step_metrics(batch: Batch, rewards, kl_reward, adv, completion_mask, up: dict) -> dict[str, float]:
-    """The `train/*` metrics of one step (definitions in ablate/runs/metrics.py)."""
+def step_metrics(batch: Batch, rewards, kl_reward, adv, tokens, up: dict) -> dict[str, float]:
+    """The `train/*` metrics of one step (definitions in ablate/runs/metrics.py); `tokens` [N, T]: loss_tokens."""
     lengths = batch.rollout.lengths
     return {
         "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std(unbiased=False)),
@@ -389,8 +403,7 @@ def step_metrics(batch: Batch, rewards, kl_reward, adv, completion_mask, up: dic
         "train/dead_all_correct_frac": batch.group_stats["dead_all_correct_frac"],
         "train/dead_all_wrong_frac": batch.group_stats["dead_all_wrong_frac"],
         "train/gen_rounds": batch.rounds, "train/live_groups": len(batch.problems),
-        "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * completion_mask).sum()
-                                              / completion_mask.sum()),
+        "train/nonzero_adv_token_frac": float(((adv != 0).float()[:, None] * tokens).sum() / tokens.sum()),
         "train/adv_mean": float(adv.mean()), "train/adv_std": float(adv.std(unbiased=False)),
         **{k if "/" in k else f"train/{k}": v for k, v in up.items()},  # e.g. policy/entropy_adv_cov as is
         "train/adv_abs_max": float(adv.abs().max()),
@@ -420,9 +433,9 @@ def log_step(run: Run, store: RunStore, plan: StepPlan, batch: Batch, scored: Sc
     run.since_eval.append(float(batch.correct.mean()))
     pi_old = updated.first_epoch_logp if scored.old_logp is None else scored.old_logp
     off = offpolicy.step_metrics(pi_old, rollout.behav_logp, adv.trainable_mask, adv.is_weights, adv.loss_mask,
-                                 adv.is_stats, lag)
+                                 adv.is_stats, lag, rollout.policy_mask)
     row = {**step_metrics(batch, scored.rewards, scored.kl_reward, recipes.per_completion(adv.adv),
-                          rollout.completion_mask, updated.metrics), **off,
+                          loss_tokens(plan, rollout), updated.metrics), **off, **episodes.metrics(rollout),
            "train/lr": updated.lr, "train/format_weight": plan.sampling.format_weight, **updated.kl_row,
            **run.stream.metrics(), "train/temperature": plan.sampling.temperature,
            "train/max_new_tokens": plan.sampling.max_new_tokens,
