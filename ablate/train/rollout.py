@@ -6,9 +6,9 @@ trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.tasks.toy.ToyPoli
 the tabular testbed. Completions of one prompt are contiguous: row i belongs to prompt i // G.
 
 The sampling half is a `RolloutEngine`: it samples with behaviour log-probs and receives the trainer's
-weights after every update. Today's engines are the policies themselves (the HF KV-cache loop below, the
-toy table), which sample with the trained module, so receiving weights costs nothing. An inference
-engine such as vLLM would hold its own copy of the weights (docs/offpolicy.md).
+weights after every update. The policies themselves are engines (the HF KV-cache loop below, the toy
+table): they sample with the trained module, so receiving weights costs nothing. `VLLMEngine`
+(train/vllm_engine.py) holds its own copy of the weights, pushed after every update (docs/offpolicy.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ablate.rl.fused_head import logits_into
-from ablate.rl.sampling import DRAW_ELEMENTS, Rollout, RowNoise, draw
+from ablate.rl.sampling import DRAW_ELEMENTS, Rollout, RowNoise, SamplesWithItself, draw
 
 
 @runtime_checkable
@@ -38,8 +38,27 @@ class RolloutEngine(Protocol):
     def sync_weights(self, module: torch.nn.Module, version: int) -> None:
         """Receive the trained weights after update `version` (the number of optimiser steps so far)."""
 
+    def sleep(self) -> None:
+        """Before the update: release what sampling holds (a GPU engine's KV cache) until `wake`."""
 
-class LMPolicy:
+    def wake(self) -> None:
+        """After the update, before `sync_weights`."""
+
+    def close(self) -> None:
+        """At the end of the run."""
+
+
+def encode(tokenizer, prompts: list[str]) -> tuple[Tensor, Tensor]:
+    """Prompt token ids and attention mask [U, P], left-padded: what every engine is given to sample from."""
+    tokenizer.padding_side = "left"
+    # a chat template already wrote BOS into the text; plain prompts get the tokenizer's specials
+    bos = tokenizer.bos_token
+    special = not (bos and prompts[0].startswith(bos))
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=special)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+class LMPolicy(SamplesWithItself):
     """A Hugging Face causal LM with its tokenizer, sampled with a bare KV-cache loop.
 
     We sample with our own loop rather than `generate()`: on a tiny model the per-token logits
@@ -63,21 +82,13 @@ class LMPolicy:
         # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
         self.cache_arg = "cache" if "cache" in inspect.signature(self.base.forward).parameters else "past_key_values"
 
-    def sync_weights(self, module: torch.nn.Module, version: int) -> None:
-        """The KV-cache loop samples with the trained module itself: nothing to copy."""
-        assert module is self.module
-
     def _autocast(self):
         enabled = self.autocast_dtype is not None
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=enabled)
 
     def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
-        self.tokenizer.padding_side = "left"
-        # a chat template already wrote BOS into the text; plain prompts get the tokenizer's specials
-        bos = self.tokenizer.bos_token
-        special = not (bos and prompts[0].startswith(bos))
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=special)
-        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        ids, mask = encode(self.tokenizer, prompts)
+        return ids.to(self.device), mask.to(self.device)
 
     @torch.no_grad()
     def sample(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
@@ -137,13 +148,17 @@ class LMPolicy:
                                  use_cache=True, **{self.cache_arg: cache}).last_hidden_state[:, -1]  # [A, H]
                 self._head_into(logits, hidden)
                 next_pos = next_pos + 1
-        completion = torch.stack(tokens, dim=1)  # [N, T]
+        return self.finish(ids, mask, torch.stack(tokens, dim=1), torch.stack(logps, dim=1))
+
+    def finish(self, ids: Tensor, mask: Tensor, completion: Tensor, behav_logp: Tensor) -> Rollout:
+        """The Rollout of sampled rows: prompts [N, P] (left-padded) and their completions [N, T] (padded after
+        EOS) with the behaviour log-probs [N, T] (0 after EOS). Every engine's samples end here, so masks,
+        truncation flags and texts are made one way."""
         is_eos = completion == self.eos_id
         # 1 up to and including the first EOS: no EOS strictly before this position
         completion_mask = (is_eos.long().cumsum(-1) - is_eos.long() == 0).float()
         texts = self.tokenizer.batch_decode(completion.masked_fill(is_eos, self.pad_id), skip_special_tokens=True)
-        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts,
-                       behav_logp=torch.stack(logps, dim=1))
+        return Rollout(ids, mask, completion, completion_mask, ~is_eos.any(-1), texts, behav_logp=behav_logp)
 
     def _head_into(self, out: Tensor, hidden: Tensor) -> Tensor:
         """The lm-head's logits of `hidden` [A, H] written into out[:A] (a buffer reused at every position,
