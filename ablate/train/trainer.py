@@ -12,6 +12,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,8 +69,12 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
 
 
 def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
-    """What samples the training rollouts: today the policy itself (HF KV-cache loop, toy table). An
-    inference engine with its own weights (vLLM, docs/offpolicy.md) would be chosen here."""
+    """What samples the rollouts, training and held-out (`rollout.engine`): the policy itself (HF KV-cache
+    loop, toy table), or vLLM in this process with its own copy of the weights (train/vllm_engine.py)."""
+    if cfg.rollout.engine == "vllm":
+        from ablate.train.vllm_engine import VLLMEngine
+
+        return VLLMEngine(policy, cfg)
     return policy
 
 
@@ -474,6 +479,10 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.runs.tracking import open_mirrors
 
+    if cfg.rollout.engine == "vllm":  # installed, and the task's prompts fit the model: before any write
+        from ablate.train.vllm_engine import preflight
+
+        preflight(cfg)
     distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
@@ -543,10 +552,10 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
         store.note_resume(step)
     else:
         store.truncate_after(-1)
-        ev, samples, problems = evaluate_repeats(policy, task, heldout, at_step(cfg, 0), tokenizer, 0)
-        log_eval(store, 0, ev, samples, None, problems)
-
     engine = build_engine(cfg, policy)  # after any resume: it starts from the restored weights
+    if ckpt is None:
+        ev, samples, problems = evaluate_repeats(engine, task, heldout, at_step(cfg, 0), tokenizer, 0)
+        log_eval(store, 0, ev, samples, None, problems)
     needs_old_logp = recipes.ratio_can_leave_one(r)
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeRemainingColumn(), disable=not (progress and distributed.is_main()))
@@ -563,7 +572,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
             **critic_state(critic)},
             run_id(cfg))
 
-    with bar, preemption.guard(save_checkpoint, collective=sharding.is_sharded(policy.module)):
+    with bar, preemption.guard(save_checkpoint, collective=sharding.is_sharded(policy.module)), closing(engine):
         while step < cfg.steps:
             with preemption.step():  # a SLURM warning signal waits for the step to end
                 step += 1
@@ -582,6 +591,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                         if r.baseline == "greedy" else None
                     pending.append((fresh, greedy, step - 1))
                 batch, greedy, version = pending.popleft()  # sampled by the policy after `version` updates
+                engine.sleep()  # a GPU engine frees its KV cache for the update
                 t1 = time.perf_counter()
                 # 2. old (pi_old, recomputed now: the PPO anchor; on-policy the update's first forward is
                 # pi_old instead: recipes.needs_old_pass) and reference log-probs
@@ -625,6 +635,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                     if ref is not None else {}
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
+                engine.wake()
                 engine.sync_weights(policy.module, step)  # the sampler gets the weights of update `step`
                 t3 = time.perf_counter()
                 # 5. log
@@ -647,7 +658,7 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
                        **critic_row}
                 store.append("metrics", {"step": step, **row})
                 if cfg.eval.every and step % cfg.eval.every == 0 or step == cfg.steps:
-                    ev, samples, problems = evaluate_repeats(policy, task, heldout, cfg_t, tokenizer, step)
+                    ev, samples, problems = evaluate_repeats(engine, task, heldout, cfg_t, tokenizer, step)
                     samples += train_samples(task, batch, rewards, adv_row, cfg, tokenizer)
                     log_eval(store, step, ev, samples, float(np.mean(since_eval)), problems)
                     since_eval = []
