@@ -81,6 +81,15 @@ def preflight(cfg: RunConfig) -> None:
                           f"rollout.engine='native'")
 
 
+SAMPLER = "vllm_row_seeds_gumbel_v1"  # provenance.json: per-row seeded requests, vLLM's Gumbel-max sampler
+
+
+def provenance() -> dict:
+    """What provenance.json records of the engine: its sampler and vLLM's version (part of what a rerun needs
+    to draw the same samples)."""
+    return {"sampler": SAMPLER, "vllm": import_vllm().__version__}
+
+
 def engine_dtype(cfg: RunConfig, device: torch.device) -> str:
     """The engine computes in bf16 where the run asks for bf16 (model.dtype, or auto on CUDA, or bf16 master
     weights), else float32. On CPU the trainer itself stays float32 (autocast is CUDA-only): model.dtype
