@@ -479,10 +479,12 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.runs.tracking import open_mirrors
 
+    sampler = {"sampler": SAMPLER}
     if cfg.rollout.engine == "vllm":  # installed, and the task's prompts fit the model: before any write
-        from ablate.train.vllm_engine import preflight
+        from ablate.train import vllm_engine
 
-        preflight(cfg)
+        vllm_engine.preflight(cfg)
+        sampler = vllm_engine.provenance()
     distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
@@ -491,7 +493,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
-    store.write_provenance(cfg, str(device), sampler=SAMPLER, world_size=distributed.world())
+    store.write_provenance(cfg, str(device), **sampler, world_size=distributed.world())
     store.mirrors = open_mirrors(cfg, store.root) if distributed.is_main() else []  # W&B (docs/tracking.md)
     state = "failed"
     try:
