@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from ablate.cli.main import app
-from ablate.config import VLLM_CPU_HEAD_SIZES, ConfigError, load, parse
+from ablate.config import VLLM_CPU_HEAD_SIZES, ConfigError, load, parse, run_id
 from ablate.rl.sampling import RowNoise
 from ablate.train.chat_model import build_chat_model
 from ablate.train.models import load_model, load_tokenizer
@@ -143,6 +143,20 @@ def test_the_cpu_head_sizes_are_the_installed_vllms():
 
 
 # --- config errors, before anything is written -------------------------------------------------------
+
+def test_the_engine_is_in_the_run_id_and_how_it_runs_is_not():
+    native, vllm = parse({"model": {"path": TINY}}), parse({"model": {"path": TINY}, "rollout": {"engine": "vllm"}})
+    tuned = parse({"model": {"path": TINY}, "rollout": {"engine": "vllm"},
+                   "compute": {"vllm": {"max_num_seqs": 8, "enforce_eager": False, "kv_cache_gb": 2}}})
+    assert run_id(native) != run_id(vllm) == run_id(tuned)
+    for section, message in [({"compute": {"vllm": {"gpu_memory_utilization": 0}}}, "gpu_memory_utilization must"),
+                             ({"compute": {"vllm": {"max_num_seqs": 0}}}, "max_num_seqs must be >= 1"),
+                             ({"rollout": {"engine": "sglang"}}, "allowed values: 'native', 'vllm'"),
+                             ({"rollout": {"engine": "vllm"}, "task": {"name": "toy_addition"},
+                               "recipe": {"max_new_tokens": 2}}, "needs a transformer model")]:
+        with pytest.raises(ConfigError, match=message):
+            parse({"model": {"path": TINY}, **section})
+
 
 def write_config(tmp_path, model: str, **extra) -> Path:
     cfg = {"model": {"path": model}, "rollout": {"engine": "vllm"}, "steps": 1, **extra}
