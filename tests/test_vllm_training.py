@@ -88,7 +88,7 @@ def test_kill_9_and_resume_rebuilds_the_engine_and_gives_the_same_run(tmp_path):
     assert_rounding_level_mismatch(killed.read("metrics")[:1])  # lag 0 at step 1; then one step stale
 
 
-@pytest.mark.parametrize("parallel", ["fsdp"])
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_each_with_an_engine_complete(tmp_path, parallel):
     out = tmp_path / "run"
     args = [*BASE, "steps=3", "eval.every=3", "prompts_per_step=8", f"compute.parallel={parallel}"]

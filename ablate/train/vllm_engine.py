@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from ablate.config import VLLM_EXTRAS, ConfigError, RunConfig
+from ablate.config import VLLM_EXTRAS, ConfigError, RunConfig, schedule_values
 from ablate.rl.sampling import Rollout, RowNoise
-from ablate.train.models import engine_weights
-from ablate.train.rollout import LMPolicy
+from ablate.tasks import make_task
+from ablate.train.models import engine_weights, load_tokenizer
+from ablate.train.rollout import LMPolicy, encode
 
 CPU_KV_CACHE_GB = 1.0  # compute.vllm.kv_cache_gb: null on CPU (vLLM's own default reserves 90% of RAM)
 
@@ -57,14 +60,6 @@ def preflight(cfg: RunConfig) -> None:
     """Before anything is written: vLLM imports, and the task's longest prompt plus the longest
     `recipe.max_new_tokens` fits the model's positions (vLLM refuses a longer request; the native sampler
     would run past what the model was trained on). A ConfigError naming the fields otherwise."""
-    import json
-    from pathlib import Path
-
-    from ablate.config import schedule_values
-    from ablate.tasks import make_task
-    from ablate.train.models import load_tokenizer
-    from ablate.train.rollout import encode
-
     import_vllm()
     config = Path(cfg.model.path) / "config.json"
     room = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
