@@ -119,8 +119,7 @@ def main() -> None:
     shapes = {"tiny-arith": None} if a.smoke else SHAPES
     tmp = Path(tempfile.mkdtemp(prefix="ablate-rollout-engine-"))
     print(f"rollout_engine: {a.prompts} prompts x {a.group} rows x {a.tokens} new tokens, {a.threads} thread(s)")
-    print(f"{'model':<24}{'native tok/s':>13}{'vllm tok/s':>11}{'ratio':>7}{'step n/v s':>12}{'ratio':>7}"
-          f"{'push s':>8}")
+    print(f"{'model':<23}{'native tok/s':>13}{'vllm tok/s':>11}{'ratio':>7}{'step native/vllm s':>19}{'ratio':>7}")
     diffs = []
     for name, shape in shapes.items():
         model = str(repo / "models" / "tiny-arith") if shape is None else str(tmp / name.replace(" ", "_"))
@@ -128,11 +127,11 @@ def main() -> None:
             build_model(Path(model), *shape)
         m = measure(model, a, tmp)
         native, vllm = m["native_tokens"] / m["native_s"], m["vllm_tokens"] / m["vllm_s"]
-        print(f"{name:<24}{native:>13,.0f}{vllm:>11,.0f}{vllm / native:>6.2f}x"
-              f"{m['native_step_s']:>6.2f}/{m['vllm_step_s']:<5.2f}{m['native_step_s'] / m['vllm_step_s']:>6.2f}x"
-              f"{m['push_s']:>8.3f}")
-        diffs.append(f"{name} ({m['tokens']} new tokens at most): max |engine - trainer| log-prob "
-                     f"{m['diff_start']:.1e} at start, "
+        step = f"{m['native_step_s']:.2f} / {m['vllm_step_s']:.2f}"
+        print(f"{name:<23}{native:>13,.0f}{vllm:>11,.0f}{vllm / native:>6.2f}x{step:>19}"
+              f"{m['native_step_s'] / m['vllm_step_s']:>6.2f}x")
+        diffs.append(f"{name} ({m['tokens']} new tokens at most): push {m['push_s']:.3f} s; max |engine - "
+                     f"trainer| log-prob {m['diff_start']:.1e} at start, "
                      f"{m['diff_stale']:.1e} stale, {m['diff_pushed']:.1e} after the push")
     print("ratios: vllm / native tokens/s; native / vllm step time (above 1: the engine's step is faster)")
     print("\n".join(diffs))
