@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ablate.config import load
+from ablate.config import load, parse
 from ablate.runs.store import RunStore
 from ablate.train import trainer
 
@@ -55,7 +55,7 @@ def test_lora_pushes_merged_weights(tmp_path):
 
 KILL_AT_STEP_3 = """
 import os, signal, sys
-from ablate.config import load
+from ablate.config import load, parse
 from ablate.runs.store import RunStore
 from ablate.train import trainer
 
@@ -102,3 +102,19 @@ def test_two_ranks_each_with_an_engine_complete(tmp_path, parallel):
     assert prov["world_size"] == 2 and prov["sampler"] == "vllm_row_seeds_gumbel_v1" and prov["vllm"] == "0.32.0"
     assert_rounding_level_mismatch(store.read("metrics"))  # each rank's engine got the gathered weights
     assert [e["step"] for e in store.read("evals")] == [0, 3]
+
+
+def test_a_calculator_episode_run_with_the_engine(tmp_path):
+    from tests.test_vllm_episodes import build_calc_model, calc
+
+    model = build_calc_model(tmp_path / "model")
+    c = parse(calc(model, steps=3, prompts_per_step=3, checkpoint_every=3, eval={"every": 3, "n_samples": 2,
+                                                                                 "ks": [1, 2]}))
+    store = run(c, tmp_path / "run")
+    rows = store.read("metrics")
+    assert [r["step"] for r in rows] == [1, 2, 3] and [e["step"] for e in store.read("evals")] == [0, 3]
+    for r in rows:  # episodes ran, and the engine had the trainer's weights at every step (policy tokens only)
+        assert r["episode/turns"] >= 1 and r["episode/policy_tokens_per_turn"] > 0
+        assert r["episode/env_token_frac"] > 0  # the calculator answered some calls
+    assert_rounding_level_mismatch(rows)
+    assert store.provenance()["sampler"] == "vllm_row_seeds_gumbel_v1"
