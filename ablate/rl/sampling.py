@@ -113,13 +113,37 @@ class RowNoise:
     (`draw` with `u`) picks the same tokens."""
 
     def __init__(self, key: tuple[int, ...], total: int, start: int = 0, stop: int | None = None):
-        seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0])
+        self.key = tuple(int(k) for k in key)
+        seed = int(np.random.SeedSequence(self.key).generate_state(1, np.uint64)[0])
         self.gen = torch.Generator().manual_seed(seed)
         self.total, self.start, self.stop = total, start, total if stop is None else stop
+
+    def seeds(self) -> list[int]:
+        """One seed per row of this process, keyed by (key, global row): how an inference engine that draws
+        with per-request generators (vLLM) gets per-row randomness independent of the split."""
+        return [int(np.random.SeedSequence((*self.key, row)).generate_state(1, np.uint64)[0] >> 1)
+                for row in range(self.start, self.stop)]
 
     def next(self) -> Tensor:
         """The uniforms in [0, 1) of the next position for this process's rows, [stop - start] float32."""
         return torch.rand(self.total, generator=self.gen)[self.start:self.stop]
+
+
+class SamplesWithItself:
+    """The RolloutEngine methods of a policy that samples with the module it trains (the LM's KV-cache loop,
+    the toy table): no copy of the weights to update, no memory of its own to release during the update."""
+
+    def sync_weights(self, module, version: int) -> None:
+        assert module is self.module
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 DRAW_ELEMENTS = 2**25  # logits values drawn at once (128 MiB in fp32): blocks of 2^25 // V rows

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ablate.config import RecipeConfig, Schedule
+from ablate.config import RecipeConfig, Schedule, schedule_values
 
 
 def constant(s: Schedule, step: int) -> float:
@@ -49,3 +49,8 @@ def temperature_at(r: RecipeConfig, step: int) -> float:
 def max_new_tokens_at(r: RecipeConfig, step: int) -> int:
     """`recipe.max_new_tokens` at `step`, rounded to the nearest integer (a plain number is itself)."""
     return int(round(value_at(r.max_new_tokens, step)))
+
+
+def longest_max_new_tokens(r: RecipeConfig) -> int:
+    """The largest `recipe.max_new_tokens` of any step: the room an inference engine must leave after a prompt."""
+    return int(round(max(schedule_values(r.max_new_tokens))))

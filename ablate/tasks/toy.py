@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ablate.config import TaskConfig
-from ablate.rl.sampling import Rollout, RowNoise, draw
+from ablate.rl.sampling import Rollout, RowNoise, SamplesWithItself, draw
 from ablate.tasks.base import Problem, Split
 
 NUM_PROMPTS = 64
@@ -77,8 +77,9 @@ class ToyTask:
         return float(len(completion) == 2 and completion.isdigit())
 
 
-class ToyPolicy(nn.Module):
-    """Tabular policy; implements the same `sample` / `logits` contract as `LMPolicy`."""
+class ToyPolicy(SamplesWithItself, nn.Module):
+    """Tabular policy; implements the same `sample` / `logits` contract as `LMPolicy`, and is its own
+    rollout engine."""
 
     pad_id = 0
 
@@ -93,9 +94,6 @@ class ToyPolicy(nn.Module):
     @property
     def module(self) -> nn.Module:  # the trained module, as for LMPolicy
         return self
-
-    def sync_weights(self, module: nn.Module, version: int) -> None:  # RolloutEngine: samples with itself
-        assert module is self
 
     def _rows(self, prompt_ids: Tensor) -> Tensor:
         return prompt_ids[:, 0]

@@ -33,15 +33,16 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTrainedToken
     return fast
 
 
-def build_chat_model(out_dir: str | Path, rows: list[dict], sft_steps: int = 60, seed: int = 0) -> Path:
-    """Write a Qwen2 model (hidden 64, 2 layers) + tokenizer to `out_dir`, warm-started on `rows`."""
+def build_chat_model(out_dir: str | Path, rows: list[dict], sft_steps: int = 60, seed: int = 0, heads: int = 4) -> Path:
+    """Write a Qwen2 model (hidden 64, 2 layers, `heads` attention heads: 2 gives head size 32, which vLLM's
+    CPU attention runs) + tokenizer to `out_dir`, warm-started on `rows`."""
     out = Path(out_dir)
     replies = [f"The answer is \\boxed{{{r['answer']}}}" for r in rows]
     prompts = [r["prompt"] for r in rows]
     tok = build_tokenizer(prompts + replies + ["user assistant system"] * 4)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=heads,
         num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None))
     texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)

@@ -78,6 +78,10 @@ class _Rows:
     def next(self) -> Tensor:
         return self.noise.next()[self.rows]
 
+    def seeds(self) -> list[int]:  # an engine that seeds each row's request (vLLM)
+        seeds = self.noise.seeds()
+        return [seeds[r] for r in self.rows.tolist()]
+
 
 def observation_ids(tokenizer, text: str, chat: bool) -> list[int]:
     """The environment's reply as tokens: as is, or with a chat template as the template writes a tool turn

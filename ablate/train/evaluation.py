@@ -1,5 +1,6 @@
 """Held-out evaluation: pass@k, maj@k and greedy accuracy under the strict verifier, on a schedule and
-before training (docs/metrics.md); `eval.repeats` evaluations with their own sampling noise."""
+before training (docs/metrics.md); `eval.repeats` evaluations with their own sampling noise. Sampled by the
+run's rollout engine (`trainer.build_engine`): the policy's own loop, or vLLM with the trained weights."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ablate.train import distributed, episodes
 
 
 @torch.no_grad()
-def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, max_new_tokens: int, chunk: int = 64,
+def evaluate(engine, task, heldout: list[Problem], cfg: RunConfig, tokenizer, max_new_tokens: int, chunk: int = 64,
              step: int = 0, repeat: int = 0):
     """Held-out pass@k (strict verifier, n samples of at most `max_new_tokens` at eval temperature), greedy
     accuracy, samples, and the correct count of each problem ([M]). Sampling noise is keyed by (seed, step,
@@ -32,7 +33,7 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ma
         probs = heldout[start:start + chunk]
         prompts = [task.prompt_text(p, tokenizer) for p in probs]
         key = (cfg.seed, step, start, EVAL) + ((repeat,) if repeat else ())
-        ro, scores, g_ok = eval_chunk(policy, task, probs, prompts, cfg, max_new_tokens, key)
+        ro, scores, g_ok = eval_chunk(engine, task, probs, prompts, cfg, max_new_tokens, key)
         counts += (scores >= 1).sum(1).tolist()
         oks += (scores >= 1).tolist()
         answers += [[extract(t) if extract else ("<correct>" if ok else t.strip())
@@ -55,16 +56,16 @@ def evaluate(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, ma
         "eval/frac_never_solved": float(np.mean([c == 0 for c in counts])),
         "eval/frac_always_solved": float(np.mean([c == n for c in counts])),
     })
-    if hasattr(policy, "exact_pass1"):
-        row["eval/pass@1_exact"] = policy.exact_pass1(heldout)
+    if hasattr(engine, "exact_pass1"):
+        row["eval/pass@1_exact"] = engine.exact_pass1(heldout)
     return row, samples, counts
 
 
-def evaluate_repeats(policy, task, heldout: list[Problem], cfg: RunConfig, tokenizer, max_new_tokens: int,
+def evaluate_repeats(engine, task, heldout: list[Problem], cfg: RunConfig, tokenizer, max_new_tokens: int,
                      step: int):
     """`eval.repeats` evaluations: their mean row (one repeat: its row as is), the samples of repeat 0, and
     one `eval_problems` row per repeat (docs/run-folders.md): every problem's correct count out of n."""
-    done = [evaluate(policy, task, heldout, cfg, tokenizer, max_new_tokens, step=step, repeat=r)
+    done = [evaluate(engine, task, heldout, cfg, tokenizer, max_new_tokens, step=step, repeat=r)
             for r in range(cfg.eval.repeats)]
     rows, ids = [row for row, _, _ in done], [p.id for p in heldout]
     problems = [{"repeat": r, "n": cfg.eval.n_samples, "problems": ids, "correct": counts}
@@ -73,7 +74,7 @@ def evaluate_repeats(policy, task, heldout: list[Problem], cfg: RunConfig, token
     return mean, done[0][1], problems
 
 
-def eval_chunk(policy, task, probs: list[Problem], prompts: list[str], cfg: RunConfig, max_new: int,
+def eval_chunk(engine, task, probs: list[Problem], prompts: list[str], cfg: RunConfig, max_new: int,
                key: tuple[int, ...]):
     """n samples of each problem with the row noise of `key`, their strict scores [B, n] and the greedy
     decodes' correctness [B]; each rank samples its share, all ranks get everything."""
@@ -81,16 +82,16 @@ def eval_chunk(policy, task, probs: list[Problem], prompts: list[str], cfg: RunC
 
     def mine(part: slice):
         if episodes.is_env(task):  # multi-turn episodes: the environment scores them
-            return episodes.eval_part(policy, task, probs[part], n, cfg.eval.temperature, max_new, policy.tokenizer,
+            return episodes.eval_part(engine, task, probs[part], n, cfg.eval.temperature, max_new, engine.tokenizer,
                                       key, part.start * n, len(probs) * n)
         noise = RowNoise(key, len(probs) * n, part.start * n, part.stop * n)
-        ro = policy.sample(prompts[part], n, cfg.eval.temperature, max_new, noise=noise)
+        ro = engine.sample(prompts[part], n, cfg.eval.temperature, max_new, noise=noise)
         scores = torch.tensor(score_batch(task, [p for p in probs[part] for _ in range(n)], ro.texts, train=False))
-        g = policy.sample(prompts[part], 1, 1.0, max_new, greedy=True)
+        g = engine.sample(prompts[part], 1, 1.0, max_new, greedy=True)
         return ro, scores.view(-1, n), [task.score(p, t) >= 1 for p, t in zip(probs[part], g.texts)]
 
     parts = distributed.map_shards(len(probs), mine)
-    ro = Rollout.cat([p[0] for p in parts], policy.pad_id)
+    ro = Rollout.cat([p[0] for p in parts], engine.pad_id)
     return ro, torch.cat([p[1] for p in parts]), [ok for p in parts for ok in p[2]]
 
 

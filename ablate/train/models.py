@@ -107,6 +107,22 @@ def load_weights(module, state: dict) -> None:
         module.load_state_dict(state)
 
 
+def engine_weights(module) -> list[tuple[str, torch.Tensor]]:
+    """Every weight of the policy under its checkpoint name, as an inference engine loads them (detached, no
+    copy): LoRA adapters merged, W + scale * B A computed aside (the trained module is left as it is). Under
+    fsdp the module holds its gathered working copy between steps (train/sharding.py), so the full tensors."""
+    if not is_lora(module):  # a tied lm-head under both names: engines load the head and the embedding apart
+        return [(name, p.detach()) for name, p in module.named_parameters(remove_duplicate=False)]
+    from peft.tuners.lora import LoraLayer
+
+    base = module.get_base_model()
+    with torch.no_grad():
+        merged = {f"{name}.weight": m.get_base_layer().weight + sum(m.get_delta_weight(a) for a in m.active_adapters)
+                  for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    return [(key, merged.get(key, p).detach()) for name, p in base.named_parameters(remove_duplicate=False)
+            if ".lora_" not in name for key in [name.replace(".base_layer.", ".")]]
+
+
 def merged_model(module):
     """A plain HF model with the LoRA adapters merged into the base weights (for export); a copy, the
     trained module is left as it is. Without adapters: the module itself."""

@@ -6,9 +6,9 @@ trained). `LMPolicy` wraps any Hugging Face causal LM; `ablate.tasks.toy.ToyPoli
 the tabular testbed. Completions of one prompt are contiguous: row i belongs to prompt i // G.
 
 The sampling half is a `RolloutEngine`: it samples with behaviour log-probs and receives the trainer's
-weights after every update. Today's engines are the policies themselves (the HF KV-cache loop below, the
-toy table), which sample with the trained module, so receiving weights costs nothing. An inference
-engine such as vLLM would hold its own copy of the weights (docs/offpolicy.md).
+weights after every update. The policies themselves are engines (the HF KV-cache loop below, the toy
+table): they sample with the trained module, so receiving weights costs nothing. `VLLMEngine`
+(train/vllm_engine.py) holds its own copy of the weights, pushed after every update (docs/offpolicy.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ablate.rl.fused_head import logits_into
-from ablate.rl.sampling import DRAW_ELEMENTS, Rollout, RowNoise, draw
+from ablate.rl.sampling import DRAW_ELEMENTS, Rollout, RowNoise, SamplesWithItself, draw
 
 
 @runtime_checkable
@@ -33,7 +33,8 @@ class RolloutEngine(Protocol):
                greedy: bool = False, noise: RowNoise | None = None, stop: list[str] | None = None) -> Rollout:
         """n completions per prompt, rows grouped by prompt, with `Rollout.behav_logp`: the log-prob of each
         sampled token under the distribution it was sampled from (after temperature; 0 where masked).
-        `noise`: the uniforms of these rows, one per position (inverse-CDF sampling, rl/sampling.py).
+        `noise`: these rows' randomness, keyed by global row (rl/sampling.py): their uniforms, one per position
+        (inverse-CDF sampling), or one seed per row for an engine with its own sampler (`RowNoise.seeds`).
         A prompt is a text or a list of token ids (taken as they are: a multi-turn episode continues from its
         exact tokens, ablate/train/episodes.py). `stop`: strings that end a completion like EOS does, the
         token that completes one included (vLLM's `stop` with the stop text kept); not truncated."""
@@ -41,8 +42,17 @@ class RolloutEngine(Protocol):
     def sync_weights(self, module: torch.nn.Module, version: int) -> None:
         """Receive the trained weights after update `version` (the number of optimiser steps so far)."""
 
+    def sleep(self) -> None:
+        """Before the update: release what sampling holds (a GPU engine's KV cache) until `wake`."""
 
-class LMPolicy:
+    def wake(self) -> None:
+        """After the update, before `sync_weights`."""
+
+    def close(self) -> None:
+        """At the end of the run."""
+
+
+class LMPolicy(SamplesWithItself):
     """A Hugging Face causal LM with its tokenizer, sampled with a bare KV-cache loop.
 
     We sample with our own loop rather than `generate()`: on a tiny model the per-token logits
@@ -65,10 +75,6 @@ class LMPolicy:
         self.base = model.get_base_model() if self.lora else model  # the HF model (adapters inside)
         # transformers 5.x renamed the KV-cache argument `past_key_values` -> `cache`
         self.cache_arg = "cache" if "cache" in inspect.signature(self.base.forward).parameters else "past_key_values"
-
-    def sync_weights(self, module: torch.nn.Module, version: int) -> None:
-        """The KV-cache loop samples with the trained module itself: nothing to copy."""
-        assert module is self.module
 
     def _autocast(self):
         enabled = self.autocast_dtype is not None
@@ -143,14 +149,18 @@ class LMPolicy:
                                  use_cache=True, **{self.cache_arg: cache}).last_hidden_state[:, -1]  # [A, H]
                 self._head_into(logits, hidden)
                 next_pos = next_pos + 1
-        completion = torch.stack(tokens, dim=1)  # [N, T]
-        is_end = torch.stack(ends, dim=1)  # [N, T] the EOS or stop-completing token of each ended row
+        return self.finish(ids, mask, torch.stack(tokens, dim=1), torch.stack(logps, dim=1), torch.stack(ends, dim=1))
+
+    def finish(self, ids: Tensor, mask: Tensor, completion: Tensor, behav_logp: Tensor, is_end: Tensor) -> Rollout:
+        """The Rollout of sampled rows: prompts [N, P] (left-padded), their completions [N, T] (pad after the
+        end), the behaviour log-probs [N, T] (0 after the end) and `is_end` [N, T]: the EOS or stop-completing
+        token that ended each ended row. Every engine's samples end here, so masks, truncation flags and
+        texts are made one way."""
         # 1 up to and including the row's end: no end strictly before this position
         completion_mask = (is_end.long().cumsum(-1) - is_end.long() == 0).float()
         texts = self.tokenizer.batch_decode(completion.masked_fill(completion == self.eos_id, self.pad_id),
                                             skip_special_tokens=True)
-        return Rollout(ids, mask, completion, completion_mask, ~is_end.any(-1), texts,
-                       behav_logp=torch.stack(logps, dim=1))
+        return Rollout(ids, mask, completion, completion_mask, ~is_end.any(-1), texts, behav_logp=behav_logp)
 
     def _head_into(self, out: Tensor, hidden: Tensor) -> Tensor:
         """The lm-head's logits of `hidden` [A, H] written into out[:A] (a buffer reused at every position,

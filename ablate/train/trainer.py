@@ -1,6 +1,7 @@
 """The shared trainer: one loop, read top to bottom.
 
-    set_up, then resume from the checkpoint or start (the held-out evaluation before training); per step:
+    set_up, resume from the checkpoint or start, build the rollout engine (the held-out evaluation before
+    training when starting); per step:
         plan = plan_step(cfg, step)         the recipe resolved for this step (ablate/train/plan.py)
         1. sample       rollouts (or multi-turn episodes) and their task reward (dynamic sampling; `staleness`
                         batches ahead)
@@ -17,6 +18,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,8 +77,12 @@ def build_policy(cfg: RunConfig, task, device: torch.device):
 
 
 def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
-    """What samples the training rollouts: today the policy itself (HF KV-cache loop, toy table). An
-    inference engine with its own weights (vLLM, docs/offpolicy.md) would be chosen here."""
+    """What samples the rollouts, training and held-out (`rollout.engine`): the policy itself (HF KV-cache
+    loop, toy table), or vLLM in this process with its own copy of the weights (train/vllm_engine.py)."""
+    if cfg.rollout.engine == "vllm":
+        from ablate.train.vllm_engine import VLLMEngine
+
+        return VLLMEngine(policy, cfg)
     return policy
 
 
@@ -125,16 +131,13 @@ def set_up(cfg: RunConfig, device: torch.device) -> Run:
                critic=build_critic(cfg, setup, policy), kl=recipes.KLState(setup.kl.coef if setup.kl else 0.0))
 
 
-def resume(run: Run, store: RunStore) -> None:
-    """Restore the run from its checkpoint, everything, and forget what was logged after it; or start it
-    afresh: an empty log and the held-out evaluation before training (step 0)."""
+def resume(run: Run, store: RunStore) -> bool:
+    """Restore the run from its checkpoint, everything, and forget what was logged after it (True); or start
+    it afresh with an empty log (False)."""
     ckpt = store.load_checkpoint(run_id(run.cfg))
     if ckpt is None:
         store.truncate_after(-1)
-        ev, samples, problems = evaluate_repeats(run.policy, run.task, run.heldout, run.cfg, run.tokenizer,
-                                                 plan_step(run.cfg, 0).sampling.max_new_tokens, 0)
-        log_eval(store, 0, ev, samples, None, problems)
-        return
+        return False
     sharding.load_checkpoint_state(run.policy.module, run.optimizer, ckpt)  # model and optimizer
     run.scheduler.load_state_dict(ckpt["scheduler"])
     torch.set_rng_state(ckpt["rng"])
@@ -149,6 +152,7 @@ def resume(run: Run, store: RunStore) -> None:
     run.pending = offpolicy.pending_from_state(ckpt.get("pending", []), Batch)
     store.truncate_after(run.step)
     store.note_resume(run.step)
+    return True
 
 
 def save_checkpoint(run: Run, store: RunStore) -> None:
@@ -279,6 +283,7 @@ def sample(run: Run, plan: StepPlan) -> tuple[Batch, torch.Tensor | None, int]:
         greedy = greedy_rewards(run.engine, run.task, fresh.problems, ahead.sampling, run.tokenizer) \
             if ahead.sampling.greedy_baseline else None
         run.pending.append((fresh, greedy, plan.step - 1))
+    run.engine.sleep()  # until the update's end: a GPU engine frees its KV cache for scoring and the update
     return run.pending.popleft()
 
 
@@ -384,6 +389,7 @@ def optimize(run: Run, plan: StepPlan, batch: Batch, scored: Scored, adv: Advant
                                  run.ref, run.optimizer) if plan.kl else {}
     lr = run.scheduler.get_last_lr()[0]
     run.scheduler.step()
+    run.engine.wake()
     run.engine.sync_weights(run.policy.module, plan.step)  # the sampler gets the weights of update `step`
     return Updated(metrics, first_epoch_logp, kl_row, lr)
 
@@ -454,7 +460,7 @@ def log_step(run: Run, store: RunStore, plan: StepPlan, batch: Batch, scored: Sc
 def evaluate_now(run: Run, store: RunStore, plan: StepPlan, batch: Batch, scored: Scored, adv: Advantages) -> dict:
     """The held-out evaluation after step `plan.step`, logged with a few of the step's training samples;
     returns its row."""
-    ev, samples, problems = evaluate_repeats(run.policy, run.task, run.heldout, run.cfg, run.tokenizer,
+    ev, samples, problems = evaluate_repeats(run.engine, run.task, run.heldout, run.cfg, run.tokenizer,
                                              plan.sampling.max_new_tokens, plan.step)
     samples += train_samples(run.task, batch, scored.rewards, recipes.per_completion(adv.adv),
                              plan.sampling.group_size, run.cfg.eval.num_samples_logged, run.tokenizer)
@@ -473,6 +479,12 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.runs.tracking import open_mirrors
 
+    sampler = {"sampler": SAMPLER}
+    if cfg.rollout.engine == "vllm":  # installed, and the task's prompts fit the model: before any write
+        from ablate.train import vllm_engine
+
+        vllm_engine.preflight(cfg)
+        sampler = vllm_engine.provenance()
     distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
@@ -481,7 +493,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
-    store.write_provenance(cfg, str(device), sampler=SAMPLER, world_size=distributed.world())
+    store.write_provenance(cfg, str(device), **sampler, world_size=distributed.world())
     store.mirrors = open_mirrors(cfg, store.root) if distributed.is_main() else []  # W&B (docs/tracking.md)
     state = "failed"
     try:
@@ -510,8 +522,20 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
 
 def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> str:
     run = set_up(cfg, device)
-    resume(run, store)
+    resumed = resume(run, store)
     run.engine = build_engine(cfg, run.policy)  # after any resume: it starts from the restored weights
+    with closing(run.engine):  # however the run ends
+        if not resumed:  # the held-out evaluation before training (step 0), sampled by the engine too
+            ev, samples, problems = evaluate_repeats(run.engine, run.task, run.heldout, cfg, run.tokenizer,
+                                                     plan_step(cfg, 0).sampling.max_new_tokens, 0)
+            log_eval(store, 0, ev, samples, None, problems)
+        return run_steps(run, store, progress, should_prune)
+
+
+def run_steps(run: Run, store: RunStore, progress: bool, should_prune) -> str:
+    """The steps from `run.step` to `cfg.steps`: sample, score, advantages, optimize, log (and evaluate,
+    checkpoint); returns the run's final state."""
+    cfg = run.cfg
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                    TimeRemainingColumn(), disable=not (progress and distributed.is_main()))
     bar_task = bar.add_task("", total=cfg.steps, completed=run.step)
