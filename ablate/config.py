@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from ablate.presets import PRESETS  # the recipe presets table (config.PRESETS, as before)
+from ablate.resources import environment_problem, resource_problems, rg_config_problems  # noqa: F401 - C.*
 from ablate.rollout_config import RolloutConfig, VLLMConfig, engine_problems  # the engine's sections and checks
 from ablate.schema import (  # noqa: F401 - ConfigError, StrictLoader, read_yaml, coerce: used as C.* elsewhere
     Choice,
@@ -41,6 +41,8 @@ from ablate.schema import (  # noqa: F401 - ConfigError, StrictLoader, read_yaml
     _where,
     build_section,
     coerce,
+    hints,
+    plain,
     read_yaml,
 )
 from ablate.schema import (
@@ -362,16 +364,24 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
     data[last] = value
 
 
-def parse(data: dict, source: str | None = None) -> RunConfig:
-    """Build a validated RunConfig from plain data; a `preset` fills `recipe` before the user's keys."""
-    data = json.loads(json.dumps(data))  # deep copy, and rejects non-plain values early
+def with_preset(data: dict, source: str | None = None) -> dict:
+    """`data` (plain config data) with its preset's recipe values filled in under every recipe key `data` writes
+    itself: a preset is a set of defaults, never above a key the user wrote. The one place presets are merged
+    (`ablate train`, sweeps and tune; a sweep's most specific preset is the one its run names: the arm's, else
+    `base.preset`, else the base config file's)."""
     preset = data.get("preset")
-    if preset is not None:
-        if not isinstance(preset, str) or preset not in PRESETS:
-            raise ConfigError(f"{_where(source, 'preset')}: unknown preset {preset!r}; allowed values: "
-                              + ", ".join(PRESETS))
-        data["recipe"] = {**PRESETS[preset], **(data.get("recipe") or {})}
-    cfg = build_section(RunConfig, data, "", source)
+    if preset is None:
+        return data
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"{_where(source, 'preset')}: unknown preset {preset!r}; allowed values: "
+                          + ", ".join(PRESETS))
+    return {**data, "recipe": {**PRESETS[preset], **(data.get("recipe") or {})}}
+
+
+def parse(data: dict, source: str | None = None) -> RunConfig:
+    """Build a validated RunConfig from plain data (its preset merged by `with_preset`)."""
+    data = json.loads(json.dumps(data))  # deep copy, and rejects non-plain values early
+    cfg = build_section(RunConfig, with_preset(data, source), "", source)
     validate(cfg, source)
     return cfg
 
@@ -397,7 +407,7 @@ def check_override(dotted: str, value: Any, source: str | None = None) -> None:
         if part not in names:
             raise ConfigError(f"{where}: {'.'.join(dotted.split('.')[:i + 1])}: unknown key; valid keys here: "
                               + ", ".join(names))
-        tp = typing.get_type_hints(tp)[part]
+        tp = plain(hints(tp)[part])
         if not dataclasses.is_dataclass(tp) and i < len(dotted.split(".")) - 1:
             raise ConfigError(f"{where}: {part} is a value, not a section")
     if dataclasses.is_dataclass(tp) and not isinstance(value, dict):
@@ -573,123 +583,48 @@ def validate(cfg: RunConfig, source: str | None = None) -> None:
 UNHASHED = ("tracking", "compute")  # sections that change no computed number (beyond float rounding)
 
 
-def resource_problems(cfg: RunConfig) -> list[str]:
-    """The model folder, data files and dataset name a run needs, checked before anything is written."""
-    t, out = cfg.task, []
-    if t.name != "toy_addition":
-        out += _model_problem(cfg.model.path)
-    for key in ("path", "heldout_path"):
-        if t.name == "jsonl" and getattr(t, key):
-            out += _file_problem(f"task.{key}", getattr(t, key))
-    if t.name == "reasoning_gym" and t.dataset:
-        out += _dataset_problem(t.dataset)
-    if t.name == "env":
-        out += [p for p in [environment_problem(t.environment)] if p]
-        if t.environment not in ("calculator", "code") and not t.path:
-            out.append("task.path is required for task.environment other than 'calculator' and 'code' (the problems:"
-                       " a JSONL file of {\"prompt\", \"answer\"} rows)")
-        elif t.path:
-            out += _file_problem("task.path", t.path)
+# Fields added after run ids were first issued: at their default they are left out of the hash, so a config
+# that does not use them keeps its run id (a rerun recognises finished work). A field added later goes here.
+ADDED_LATER: dict[str, tuple[str, ...]] = {"RunConfig": ("rollout",), "TaskConfig": ("environment", "episode"),
+                                           "RecipeConfig": ("mask_env_tokens", "credit")}
+
+
+def _hashed(data: dict, cls: type) -> dict:
+    """`data` (plain, of dataclass `cls`) without what the run id leaves out: execution settings, the preset's
+    name (a label, hashed as null: the recipe keys it resolved to are hashed) and fields of ADDED_LATER at their
+    default."""
+    later = {name for c in cls.__mro__ for name in ADDED_LATER.get(c.__name__, ())}
+    out: dict[str, Any] = {"preset": None} if cls is RunConfig else {}
+    for f in dataclasses.fields(cls):
+        if f.name in UNHASHED or f.name == "preset" or f.name not in data:
+            continue
+        value, tp = data[f.name], plain(hints(cls)[f.name])
+        if f.name in later and value == _default(cls, f.name):
+            continue
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            value = _hashed(value, tp)
+        elif typing.get_origin(tp) is tuple and dataclasses.is_dataclass(item := typing.get_args(tp)[0]):
+            value = [_hashed(v, item) if isinstance(v, dict) else v for v in value]  # task.mixture entries
+        out[f.name] = value
     return out
 
 
-def _model_problem(path: str) -> list[str]:
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return [] if (p / "config.json").is_file() else [f"model.path: {path} has no config.json (not a Hugging "
-                                                          f"Face model folder)"]
-    if p.exists():
-        return [f"model.path: {path} is a file; expected a model folder or a hub id"]
-    hub_id = path.count("/") <= 1 and not path.startswith((".", "/", "~")) and path.strip() == path and path
-    if not hub_id:
-        return [f"model.path: no such folder: {path}"]
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        if not _in_hub_cache(path):
-            return [f"model.path: no such folder {path!r}, and no hub model of that id in the local cache "
-                    f"(HF_HUB_OFFLINE=1: download it first, or build the local one with `ablate base-model`)"]
-    return []
+@functools.cache
+def _defaults(cls: type) -> dict:
+    return to_dict(cls())
 
 
-@functools.lru_cache(maxsize=256)
-def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
-def environment_problem(name: str) -> str | None:
-    """Why `task.environment` names no environment (None when it does): a built-in, an id registered with
-    skyrl-gym, or a 'module:Class' whose module can be found (it is not imported: nothing of the user's runs)."""
-    allowed = "allowed values: 'calculator', 'code', an id registered with skyrl_gym.register, or 'module:Class'"
-    if not name:
-        return f"task.environment is required when task.name='env'; {allowed}"
-    if name in ("calculator", "code"):
-        return None
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        if not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
-            return f"task.environment: {name!r} is not a 'module:Class' path; {allowed}"
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        return None if found else f"task.environment: no module {module!r} to import {attr!r} from; {allowed}"
-    import skyrl_gym
-
-    if name not in skyrl_gym.registry:
-        return (f"task.environment: unknown environment {name!r}; {allowed} (registered: "
-                f"{', '.join(sorted(skyrl_gym.registry))})")
-    return None
-
-
-def _file_problem(key: str, path: str) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        return [f"{key}: no such file: {path}"]
-    return [] if p.stat().st_size > 0 else [f"{key}: {path} is empty (no rows)"]
-
-
-@functools.lru_cache(maxsize=64)
-def _dataset_problem(name: str) -> list[str]:
-    from reasoning_gym.factory import DATASETS
-
-    if name in DATASETS:
-        return []
-    near = [d for d in DATASETS if name.lower() in d or d in name.lower()][:8] or sorted(DATASETS)[:8]
-    return [f"task.dataset: {name!r} is not a reasoning_gym dataset; e.g. {', '.join(near)} "
-            f"({len(DATASETS)} in all: reasoning_gym.factory.DATASETS)"]
-
-
-def rg_config_problems(dataset: str, rg_config: dict) -> list[str]:
-    """Check `task.rg_config` against the reasoning-gym dataset's config class (imported only when used)."""
-    from reasoning_gym.factory import DATASETS  # slow import: paid only when task.rg_config is set
-
-    if dataset not in DATASETS:
-        return [f"task.dataset: unknown reasoning-gym dataset {dataset!r}"]
-    config_cls = DATASETS[dataset][1]
-    allowed = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
-    unknown = sorted(set(rg_config) - set(allowed))
-    if unknown:
-        return [f"task.rg_config: unknown key(s) {', '.join(unknown)} for dataset {dataset!r}; "
-                f"valid keys: {', '.join(allowed)}"]
-    try:
-        config = config_cls(**rg_config, seed=0, size=1)
-        if hasattr(config, "validate"):
-            config.validate()
-    except Exception as e:  # reasoning-gym validates with asserts and ValueErrors
-        return [f"task.rg_config: rejected by {config_cls.__name__}: {e or type(e).__name__}"]
-    return []
+def _default(cls: type, name: str) -> Any:
+    return _defaults(cls)[name]
 
 
 def hash_config(data: dict) -> str:
-    """The run id of a resolved config given as plain data (`to_dict`); tracking and compute (execution
-    settings that change no result) are not hashed."""
-    blob = json.dumps({k: v for k, v in data.items() if k not in UNHASHED}, sort_keys=True, separators=(",", ":"))
+    """The run id of a resolved config given as plain data (`to_dict`): a content hash of everything that can
+    change a computed number (see `_hashed` for what it leaves out)."""
+    blob = json.dumps(_hashed(data, RunConfig), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def run_id(cfg: RunConfig) -> str:
-    """Content hash of the fully resolved config (seed included, tracking and compute excluded)."""
+    """Content hash of the fully resolved config (seed included; tracking, compute and the preset's name not)."""
     return hash_config(to_dict(cfg))

@@ -46,7 +46,7 @@ SCHEMAS = {"config": (C.RunConfig, "c.yaml", {}), "sweep spec": (S.SweepSchema, 
            "SLURM profile": (SlurmProfile, "p.yaml", {})}
 # fields whose values are checked elsewhere than by a domain, and where
 FREE_FORM = {
-    "config": {f: "reasoning-gym's own config class (config.rg_config_problems)"
+    "config": {f: "reasoning-gym's own config class (resources.rg_config_problems)"
                for f in ("task.rg_config", "task.mixture[].rg_config")},
     "sweep spec": {f: "each key and value against the config's fields and domains (sweep.parse_spec)"
                    for f in ("base.overrides", "grid", "zip", "arms", "exclude[]", "include[]")},

@@ -3,9 +3,10 @@
     spec = load_spec("sweeps/quickstart.yaml")   # structure, keys and value types checked
     runs = expand(spec)                          # every run parsed + validated; duplicates collapsed
 
-Precedence when a run's config is built (lowest first): the base config file < `base.preset` <
-the arm's `preset` < `base.overrides` < the arm's other keys < grid / zip / include values < seed.
-Presets are defaults: any dotted key written in the spec beats every preset.
+Precedence when a run's config is built (lowest first): the run's preset < the base config file <
+`base.overrides` < the arm's keys < grid / zip / include values < seed. A run has one preset, the most
+specific one named (the arm's, else `base.preset`, else the base config file's); presets are defaults under
+every key written anywhere, merged by `config.with_preset` as in `ablate train`.
 docs/sweeps.md describes the format.
 """
 
@@ -89,7 +90,7 @@ class Sweep:
     name: str
     source: str                               # the spec file (for messages)
     raw: dict                                 # the spec as written (copied into the manifest)
-    base: dict                                # base config data, presets materialised
+    base: dict                                # base config data as written (its preset merged per run)
     base_preset: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)       # name -> {"preset"?, dotted: value}
@@ -180,7 +181,6 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         need(isinstance(base, dict), "base.config", f"{cfg_path}: expected a mapping")
         if base.get("preset") is not None:
             check_preset(f"base.config ({cfg_path}): preset", base["preset"])
-            base["recipe"] = {**C.PRESETS[base["preset"]], **(base.get("recipe") or {})}
     base_preset = base_spec.preset
     overrides = base_spec.overrides or {}
     for k, v in overrides.items():
@@ -324,19 +324,16 @@ def _points(spec: Sweep):
 
 
 def _arm_configs(spec: Sweep) -> dict[str | None, C.RunConfig]:
-    """The type-checked (not yet validated) config each arm starts from: presets applied, then keys."""
+    """The type-checked (not yet validated) config each arm starts from: its keys, under them its preset."""
     out = {}
     for arm, body in (spec.arms or {None: {}}).items():
         d = json.loads(json.dumps(spec.base))
         _set(d, "tracking.wandb.group", spec.name)  # W&B groups a sweep's runs (not part of the run id)
-        for preset in (spec.base_preset, body.get("preset")):
-            if preset:
-                d["preset"] = preset
-                d["recipe"] = {**(d.get("recipe") or {}), **C.PRESETS[preset]}
         for k, v in [*spec.overrides.items(), *((k, v) for k, v in body.items() if k != "preset")]:
             _set(d, k, v)
+        d["preset"] = body.get("preset") or spec.base_preset or d.get("preset")  # the most specific one
         try:
-            out[arm] = C.build_section(C.RunConfig, d, "", None)
+            out[arm] = C.build_section(C.RunConfig, C.with_preset(d), "", None)
         except C.ConfigError as e:
             raise SpecError(f"{spec.source}: {f'arms.{arm}' if arm else 'base'}: {e}") from None
     return out

@@ -20,7 +20,8 @@ import importlib
 import math
 from typing import Any
 
-from ablate.config import TaskConfig, environment_problem
+from ablate.config import TaskConfig
+from ablate.resources import environment_problem
 from ablate.tasks.base import Problem, Split
 
 BUILTIN = {"calculator": "ablate.tasks.environments.calculator:CalculatorEnv",
