@@ -2,8 +2,8 @@
 
 A rank is started with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
 by `ablate train --nproc N` (`launch`, `run_ranks`) or by the scheduler. The trainer joins the process
-group (`process_group`) and leaves it however it ends; at world size 1, every helper here is the identity, so a one-process run executes
-exactly the code it always did.
+group (`process_group`) and leaves it however it ends; at world size 1, every helper here is the
+identity, so a one-process run executes exactly the code it always did.
 
 How a step is split (docs/scale.md): every rank draws the same seeded prompts, generates only its
 contiguous share of the prompt groups (`map_shards`) and gathers the rest, so every rank then holds the
@@ -310,7 +310,7 @@ def open_store(root: str) -> RunStore:
 # --- launching N local ranks ---------------------------------------------------------------------------
 
 
-GRACE_S = 30.0  # once a rank failed: how long the others may take to end by themselves, then SIGTERM, then SIGKILL
+GRACE_S = 30.0  # once a rank failed: how long the others may take to end by themselves (then SIGTERM, SIGKILL)
 
 
 class RanksFailed(RuntimeError):
@@ -373,8 +373,8 @@ def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, grace_s: float = G
             collect()
     except (mp.ProcessRaisedException, mp.ProcessExitedException):
         pass  # every rank has ended by now: told below, each rank as it ended
-    finally:  # the launcher itself interrupted (Ctrl-C): no rank outlives it
-        for p in ranks.processes:
+    finally:
+        for p in ranks.processes:  # left alive only when the launcher itself was interrupted (Ctrl-C)
             if p.is_alive():
                 p.terminate()
                 p.join(grace_s)
