@@ -26,10 +26,10 @@ quickstart: $(VENV)/.installed
 	$(VENV)/bin/ablate report runs/quickstart -o reports/quickstart.html
 	@echo "report: $(CURDIR)/reports/quickstart.html (summary: reports/quickstart.md)"
 
-# what the tests run against for real: a one-node SLURM cluster, PostgreSQL, headless Chromium (needs root)
+# what the tests run against for real (needs root): the Debian packages of scripts/system-packages.txt
+# (bubblewrap, Chromium, PostgreSQL, SLURM, ...), a one-node SLURM cluster, a PostgreSQL server
 services:
-	@command -v chromium >/dev/null && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium postgresql >/dev/null; }
+	scripts/system-packages install
 	slurm/dev-cluster start
 	scripts/postgres-dev start
 

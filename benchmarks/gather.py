@@ -3,7 +3,7 @@ rollout (`all_gather_object`, how it was gathered before), on this machine, prin
 
     python benchmarks/gather.py [--rows 128] [--tokens 1024] [--prompt 256] [--repeats 10]
 
-Two ranks (gloo, CPU; torch's elastic launcher, as `ablate train --nproc 2`) each hold half of a rollout
+Two ranks (gloo, CPU; `distributed.run_ranks`, as `ablate train --nproc 2`) each hold half of a rollout
 of `rows` completions of `tokens` tokens (ids int64, mask and behaviour log-probs float32, prompts of
 `prompt` tokens, 3,000-character texts) and gather it `repeats` times each way; both ways must give the
 same tensors bit for bit. Threads: 1 per rank.

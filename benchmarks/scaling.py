@@ -2,8 +2,8 @@
 
     python benchmarks/scaling.py [--config configs/quickstart.yaml] [--steps 6] [--ranks 1 2] [--set KEY=VALUE]
 
-Each size trains the same config from scratch the way `ablate train CONFIG --nproc N` does (torch's
-elastic launcher, one process per rank, gloo on CPU; 1 rank: in this process), with every torch.distributed collective of each
+Each size trains the same config from scratch the way `ablate train CONFIG --nproc N` does (`run_ranks`,
+one process per rank, gloo on CPU; 1 rank: in this process), with every torch.distributed collective of each
 rank timed (all_reduce, all_gather, all_gather_object, barrier, broadcast, and FSDP2's all-gathers and
 reduce-scatters under `--set compute.parallel=fsdp`; an async all-reduce until its wait() returns). From rank 0's metrics.jsonl, after the first (warm-up) step:
   - train tokens/s: completion tokens x update_epochs / update seconds (perf/train_tokens_per_s);
@@ -23,7 +23,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,15 +83,12 @@ def _rank(cfg_dict: dict, out: str) -> None:
 
 
 def run(cfg_dict: dict, nproc: int, out: Path) -> dict:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from ablate.train.distributed import run_ranks
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"scaling-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2,
-                          start_method="spawn")
     if nproc == 1:  # no process group at world size 1: the same trainer, without spawning
         _rank(cfg_dict, str(out))
     else:
-        elastic_launch(config, _rank)(cfg_dict, str(out))
+        run_ranks(nproc, _rank, cfg_dict, str(out))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     comm = [json.loads((out / f"comm_{r}.json").read_text()) for r in range(nproc)]
     step_tok_s = [(b["counters/tokens"] - a["counters/tokens"]) / b["perf/step_seconds"]

@@ -20,6 +20,19 @@ if "PYTEST_DEBUG_TEMPROOT" not in os.environ and os.access("/dev/shm", os.W_OK):
 if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
+SYSTEM_PACKAGES = Path(__file__).resolve().parent.parent / "scripts" / "system-packages"
+
+
+def pytest_sessionstart(session):
+    """Before the first test: every system program the suite runs is there (scripts/system-packages.txt),
+    else stop at once, naming each missing program and its Debian package, not 30 failures later."""
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller checked
+        return
+    res = subprocess.run([str(SYSTEM_PACKAGES), "check"], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.exit(res.stdout + res.stderr, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 SLURM_STATE_DIR = Path(os.environ.get("ABLATE_SLURM_DIR", "/var/tmp/ablate-slurm"))
 SLURM_START_HINT = "run `slurm/dev-cluster start` (as root) to bring up the dev SLURM cluster"
 

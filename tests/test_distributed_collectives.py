@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ablate.config import parse
 from ablate.runs.store import RunStore
 from ablate.tasks.toy import ToyPolicy
 from ablate.train import distributed
+from ablate.train.preemption import Stopped
 from ablate.train.trainer import train
 
 
@@ -83,14 +83,14 @@ class PruneAt:
 def test_an_error_on_one_rank_fails_the_run_with_its_traceback_on_every_rank(tmp_path, monkeypatch):
     faulty_rank1(monkeypatch)
     out = str(tmp_path / "failed")
-    with pytest.raises(ChildFailedError) as failure:
+    with pytest.raises(distributed.RanksFailed) as failure:
         distributed.launch(2, [(toy(4), out)])
     status = RunStore(out).status()
     assert status["state"] == "failed" and status["step"] == 1
     # rank 0's own traceback carries rank 1's error and traceback (where in the sampler it was raised)
     assert "rank 1 of 2 failed: ValueError: the sampler crashed" in status["error"]
     assert "in sample" in status["error"] and 'raise ValueError("the sampler crashed")' in status["error"]
-    assert "rank 1 of 2 failed" in failure.value.format_msg()  # both ranks raised the same RuntimeError
+    assert "rank 1 of 2 failed" in str(failure.value)  # both ranks raised the same RuntimeError
 
 
 @pytest.mark.parametrize("where", ["update", "old-policy pass"])
@@ -110,7 +110,7 @@ def test_an_error_on_one_rank_in_the_update_or_a_scoring_pass_fails_the_run_with
     cfg = toy(4, recipe={"group_size": 4, "max_new_tokens": 2, "kl_coef": 0.0, "minibatches": 2})
     out = str(tmp_path / "failed")
     t0 = time.perf_counter()
-    with pytest.raises(ChildFailedError):
+    with pytest.raises(distributed.RanksFailed):
         distributed.launch(2, [(cfg, out)])
     assert time.perf_counter() - t0 < 120  # not the collective timeout (300 s)
     status = RunStore(out).status()
@@ -119,19 +119,46 @@ def test_an_error_on_one_rank_in_the_update_or_a_scoring_pass_fails_the_run_with
     assert "in features" in status["error"]  # rank 1's traceback
 
 
+def _train_then_in_group(cfg, out: str) -> tuple[str, bool]:
+    """One rank: `train`, then how it ended (its state, or what it raised) and whether this process is still
+    in a process group."""
+    try:
+        ended = train(cfg, out, progress=False)
+    except BaseException as err:  # noqa: BLE001 - every way out is the point
+        ended = type(err).__name__
+    return ended, torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("raised", [None, RuntimeError("node lost"), Stopped("stopped by SIGTERM"), KeyboardInterrupt(),
+                                    SystemExit(0)])
+def test_every_way_out_of_train_leaves_the_process_group(tmp_path, monkeypatch, raised):
+    """A gloo group still alive when the process exits can abort it (SIGABRT, "terminate called without an
+    active exception"): train() leaves the group it joined however it ends: completed, failed, cancelled
+    (SIGTERM, Ctrl-C), or the SystemExit of a rank that leaves for a requeue."""
+    if raised is not None:  # every rank at the end of step 2, before the step's last collective
+        for cls in (RunStore, distributed.FollowerStore):
+            def set_status(self, state, step, error=None, real=cls.set_status):
+                if state == "running" and step == 2:
+                    raise raised
+                return real(self, state, step, error)
+
+            monkeypatch.setattr(cls, "set_status", set_status)
+    ended = "completed" if raised is None else type(raised).__name__
+    assert distributed.run_ranks(2, _train_then_in_group, toy(2), str(tmp_path)) == {0: (ended, False),
+                                                                                     1: (ended, False)}
+
+
 def _gather_uneven() -> dict:
     """One rank of 2: gather shares of unequal sizes (rank 0: 3 rows of 4 columns, rank 1: 1 row of 2, as
     rollouts of different completion lengths), of several dtypes, a 0-dim and a non-contiguous tensor,
     texts and a rank with nothing (None); returns what this rank got."""
-    distributed.init_from_env(torch.device("cpu"))
-    r = distributed.rank()
-    rows = share(r)
-    nothing = None if r == 1 else {"x": torch.ones(2, 3)}
-    got = {"objects": distributed.gather_objects(rows), "rows": distributed.gather_rows(rows["logp"][:, :2]),  # [3|1, 2]
-           "empty": distributed.gather_rows(torch.zeros(0 if r == 1 else 2, 3)),
-           "none": distributed.gather_objects(nothing)}
-    torch.distributed.destroy_process_group()
-    return got
+    with distributed.process_group(torch.device("cpu")):
+        r = distributed.rank()
+        rows = share(r)
+        nothing = None if r == 1 else {"x": torch.ones(2, 3)}
+        return {"objects": distributed.gather_objects(rows), "rows": distributed.gather_rows(rows["logp"][:, :2]),
+                "empty": distributed.gather_rows(torch.zeros(0 if r == 1 else 2, 3)),  # rows: [3|1, 2]
+                "none": distributed.gather_objects(nothing)}
 
 
 def share(r: int) -> dict:

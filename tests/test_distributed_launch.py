@@ -137,6 +137,7 @@ for signalled, at in EPISODES:
     logs.append(log)
     dist.barrier()  # both ranks out of the episode before the next one starts
 json.dump(logs, open(f"{out}/rank{rank}.json", "w"))
+dist.destroy_process_group()  # as the trainer does: a gloo group alive at exit can abort the process (SIGABRT)
 """.replace("EPISODES", repr(EPISODES), 1)
 
 

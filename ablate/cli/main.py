@@ -85,13 +85,11 @@ def train(
 
     try:
         if nproc > 1:  # N local ranks, each running run_train (docs/scale.md)
-            from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-            from ablate.train.distributed import launch
+            from ablate.train.distributed import RanksFailed, launch
             try:
                 state = launch(nproc, [(cfg, str(out))])[0]
-            except ChildFailedError as err:
-                typer.echo(f"failed: {out}\n{err.format_msg()}", err=True)
+            except RanksFailed as err:
+                typer.echo(f"failed: {out}\n{err}", err=True)
                 raise typer.Exit(1) from None
         else:
             state = run_train(cfg, str(out), progress=not quiet)

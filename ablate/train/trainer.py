@@ -477,15 +477,23 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     state: completed, diverged, pruned or failed (failed also re-raises; so does cancelled, by
     SIGTERM or Ctrl-C). `should_prune(step, eval_row)`
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
-    from ablate.runs.tracking import open_mirrors
-
-    sampler = {"sampler": SAMPLER}
     if cfg.rollout.engine == "vllm":  # installed, and the task's prompts fit the model: before any write
         from ablate.train import vllm_engine
 
         vllm_engine.preflight(cfg)
+    # WORLD_SIZE > 1: in the process group, left on every way out (a group alive at exit can abort the process)
+    with distributed.process_group(resolve_device(cfg.device), cfg.compute.collective_timeout_s):
+        return _train_folder(cfg, out_dir, progress, should_prune)
+
+
+def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) -> str:
+    from ablate.runs.tracking import open_mirrors
+
+    sampler = {"sampler": SAMPLER}
+    if cfg.rollout.engine == "vllm":
+        from ablate.train import vllm_engine
+
         sampler = vllm_engine.provenance()
-    distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
     status = store.status()
