@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import sys
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ablate.cli.options import Command, ConfigArg, Quiet, fail, new_app
+from ablate.cli.options import Command, ConfigArg, Quiet, fail, new_app, preflight_runs
 
 app = new_app("Ablation studies of RLVR recipes.")
 
@@ -59,11 +60,12 @@ def train(
     """Train one run; resumes if DIR holds a checkpoint of the same config."""
     from ablate.config import ConfigError, load, run_id
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         cfg = load(config, set_)
     except ConfigError as err:
         fail(str(err))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    preflight_runs([cfg], config)
     from ablate.runs.store import RunFolderError
     from ablate.train.trainer import train as run_train
 
@@ -154,13 +156,14 @@ def difficulty(
     after `task.pass_rate_band`."""
     from ablate.config import ConfigError, load
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         cfg = load(config, set_)
     except ConfigError as err:
         fail(f"{err}")
+    preflight_runs([dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, pass_rate_band=()))], config)
     if n is not None and n < 1 or temperature is not None and temperature <= 0:
         fail("--n must be >= 1 and --temperature > 0")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ablate.train.difficulty import band_defaults, estimate, histogram
 
     n0, t0 = band_defaults(cfg)

@@ -3,6 +3,7 @@ types that several commands take, and `fail` (a user's mistake: one red line, ex
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -41,6 +42,18 @@ def fail(message: str) -> NoReturn:
     """A user's mistake (bad spec, missing folder, bad flag value): say what and where, exit 2."""
     typer.secho(f"error: {message}", fg="red", err=True)
     raise typer.Exit(2)
+
+
+def preflight_runs(configs, source: Path) -> None:
+    """Every file the runs read (data rows, model, tokenizer, chat template, verifier), read and checked
+    before anything is submitted or written; each distinct file once. Exit 2 naming `file:line`."""
+    from ablate.train.preflight import PreflightError, check_runs
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        check_runs(configs, str(source))
+    except PreflightError as err:
+        fail(str(err))
 
 
 def check_choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:

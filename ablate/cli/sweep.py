@@ -22,6 +22,7 @@ from ablate.cli.options import (
     check_choice,
     fail,
     new_app,
+    preflight_runs,
     short_keys,
     table_width,
     text_table,
@@ -44,6 +45,7 @@ def _load(spec: Path, out: Path | None = None):
         fail(str(err))
     for w in caught:
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
+    preflight_runs([r.config for r in runs], spec)
     if out is not None:
         if str(out).strip() in ("", "."):
             fail(f"--out {str(out)!r}: give a folder (an empty value would use the current one)")

@@ -29,6 +29,7 @@ from ablate.cli.options import (
     check_choice,
     fail,
     new_app,
+    preflight_runs,
     short_keys,
     table_width,
     text_table,
@@ -207,6 +208,21 @@ def _load(spec: Path, out: Path | None, storage: str | None):
         fail(str(err))
 
 
+def _preflight_configs(s) -> list:
+    """The configs whose files the trials read: the base config, and the base with each categorical choice
+    (a searched `model.path` or `task.path` is read before any trial starts); floats and ints read no file."""
+    from ablate.experiments.search import SpecError, trial_runs
+
+    configs = [r.config for r in trial_runs(s, {})]
+    for p in s.params:
+        for choice in p.choices:
+            try:
+                configs += [r.config for r in trial_runs(s, {p.key: choice})]
+            except SpecError:  # a choice valid only with other keys (`when`): its trial is validated then
+                pass
+    return configs
+
+
 Storage = typer.Option(None, "--storage", metavar="URL", help="sqlite:///PATH | journal:PATH | postgresql://... "
                        "(default: the spec's)")
 
@@ -222,7 +238,7 @@ def run(spec: SearchSpec,
     """Create (or resume) the study and run its workers until the trial budget is used."""
     check_choice("--executor", executor, ("local", "slurm", "inline"))
     s = _load(spec, out, storage)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    preflight_runs(_preflight_configs(s), spec)
     jobs = launch(s, executor, workers, profile)
     if (executor or s.executor["name"]) == "slurm":
         console.print(f"submitted {len(jobs)} workers: SLURM array {jobs[0].job_id.split('_')[0]} -> {s.out}")

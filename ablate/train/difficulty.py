@@ -124,7 +124,16 @@ def band_filter(cfg: RunConfig, problems: list[Problem]) -> list[Problem]:
         raise ValueError(f"task.pass_rate_band needs the pass rates of {cfg.model.path} (n={n}, temperature="
                          f"{temperature}): run `ablate difficulty CONFIG` first (expected {path})")
     lo, hi = cfg.task.pass_rate_band
-    kept = in_band(problems, json.loads(path.read_text())["rates"], lo, hi)
+    try:
+        rates = json.loads(path.read_text())["rates"]
+        unknown = next((p.id for p in problems if not isinstance(rates.get(p.id), (int, float))), None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: not a pass-rate cache of `ablate difficulty` ({type(err).__name__}: {err}); "
+                         f"delete it and run `ablate difficulty CONFIG` again") from None
+    if unknown is not None:
+        raise ValueError(f"{path}: no pass rate of training problem {unknown!r} (a cache of other problems); "
+                         f"delete it and run `ablate difficulty CONFIG` again")
+    kept = in_band(problems, rates, lo, hi)
     if not kept:
         raise ValueError(f"task.pass_rate_band [{lo}, {hi}] keeps no training problem ({path})")
     return kept

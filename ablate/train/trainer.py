@@ -29,7 +29,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_eval, per_task_train
-from ablate.train import distributed, execution, offpolicy, preemption, recipes, sharding
+from ablate.train import distributed, execution, offpolicy, preemption, preflight, recipes, sharding
 from ablate.train.critic import build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
@@ -474,6 +474,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
     from ablate.runs.tracking import open_mirrors
 
+    preflight.check(cfg)  # every file the run reads, before the run folder is written (cached per file version)
     distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
