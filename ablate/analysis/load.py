@@ -30,7 +30,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
 
-from ablate.runs.store import read_jsonl
+from ablate.runs.store import RunFolderError, read_jsonl
 
 CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
@@ -88,8 +88,10 @@ def read_log(path: Path) -> pa.Table:
     (a corrupt line in the middle, a key that changes type) goes through `read_jsonl`, line by line."""
     try:
         data = path.read_bytes()
-    except OSError:
+    except FileNotFoundError:
         return _wide([])
+    except OSError as err:  # a folder where the log belongs, no permission: said, never read as "no rows"
+        raise RunFolderError(f"{path}: cannot be read ({err.strerror or err}); a log is a regular file") from None
     end = data.rfind(b"\n") + 1
     tail = data[end:]
     if tail.strip():
@@ -141,12 +143,16 @@ def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
             pass
     try:
         config = yaml.load((run_dir / "config.yaml").read_text(), Loader=SafeLoader) or {}
-    except (OSError, yaml.YAMLError):
+    except (FileNotFoundError, yaml.YAMLError, UnicodeDecodeError):
         config = {}
+    except OSError as err:
+        raise RunFolderError(f"{run_dir / 'config.yaml'}: cannot be read ({err.strerror or err})") from None
     try:
         status = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError):
         status = {}
+    except OSError as err:
+        raise RunFolderError(f"{run_dir / 'status.json'}: cannot be read ({err.strerror or err})") from None
     data = RunData(run_dir, config, status, read_log(run_dir / "metrics.jsonl"), read_log(run_dir / "evals.jsonl"))
     if cache:
         try:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ablate.cli.options import Command, ConfigArg, Quiet, fail, new_app, preflight_runs
+from ablate.cli.options import Command, ConfigArg, Quiet, check_output, fail, new_app, preflight_runs
 
 app = new_app("Ablation studies of RLVR recipes.")
 
@@ -28,20 +28,6 @@ def _version(value: bool) -> None:
 def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                 help="print the version and exit")] = False):
     """Ablation studies of RLVR recipes."""
-
-
-def out_problem(out: Path, flag: str) -> str | None:
-    """Why `out` cannot be a folder to write into (empty, a file, not writable, a sweep root), or None."""
-    if str(out).strip() in ("", "."):
-        return f"{flag} {str(out)!r}: give a folder (an empty value would write into the current folder)"
-    if out.exists() and not out.is_dir():
-        return f"{flag} {out}: is a file, not a folder"
-    if (out / "manifest.json").exists() and flag == "--out":
-        return f"{flag} {out}: is a sweep's runs root (holds manifest.json); a run goes into a folder of its own"
-    parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag} {out}: {parent} is not writable"
-    return None
 
 
 @app.command(cls=Command)
@@ -70,9 +56,9 @@ def train(
     from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
-    problem = out_problem(out, "--out")
-    if problem:
-        fail(f"{problem}")
+    check_output(out, "--out")
+    if (out / "manifest.json").exists():
+        fail(f"--out {out}: is a sweep's runs root (holds manifest.json); a run goes into a folder of its own")
     if nproc < 1:
         fail(f"--nproc {nproc}: give the number of ranks, >= 1")
     if extend_to is not None:
@@ -121,6 +107,7 @@ def export_cmd(
     from ablate.config import ConfigError
     from ablate.runs.store import RunFolderError
 
+    check_output(out, "--out")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ablate.train.export import export
 
@@ -140,6 +127,7 @@ def base_model(
     """Build (or reuse, if cached) the tiny local base model warm-started on arithmetic."""
     from ablate.train.models import base_model_cli
 
+    check_output(out, "--out")
     base_model_cli(str(out), seed)
 
 
@@ -164,7 +152,9 @@ def difficulty(
     preflight_runs([dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, pass_rate_band=()))], config)
     if n is not None and n < 1 or temperature is not None and temperature <= 0:
         fail("--n must be >= 1 and --temperature > 0")
-    from ablate.train.difficulty import band_defaults, estimate, histogram
+    from ablate.train.difficulty import band_defaults, cache_root, estimate, histogram
+
+    check_output(cache_root(), "ABLATE_CACHE")  # where the pass rates are cached
 
     n0, t0 = band_defaults(cfg)
     rates, path = estimate(cfg, n or n0, temperature or t0, progress=not quiet)

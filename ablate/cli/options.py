@@ -56,6 +56,32 @@ def preflight_runs(configs, source: Path) -> None:
         fail(str(err))
 
 
+def output_problem(path: Path, folder: bool = True) -> str | None:
+    """Why the CLI cannot write `path` (a folder to write into, or a file to write), or None: an empty value,
+    a file where a folder is meant or the reverse, an ancestor that is a file, a folder that is not writable."""
+    if str(path).strip() in ("", "."):
+        return "give a folder (an empty value would write into the current folder)" if folder else "give a file name"
+    if folder and path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    if not folder and path.is_dir():
+        return "is a folder, not a file"
+    existing = next((p for p in path.parents if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    target = path if folder and path.is_dir() else existing
+    if not os.access(target, os.W_OK | os.X_OK):
+        return f"{target} is not writable"
+    return None
+
+
+def check_output(path: Path, flag: str, folder: bool = True) -> None:
+    """Every path a command writes is checked here, before anything is written: exit 2 naming `flag` (the
+    option, or the spec file and its key) and the path."""
+    problem = output_problem(Path(path), folder)
+    if problem:
+        fail(f"{flag} {path}: {problem}")
+
+
 def check_choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:
     if value is not None and value not in allowed:
         fail(f"{flag} {value!r}: expected one of {', '.join(allowed)}")

@@ -20,6 +20,7 @@ from ablate.cli.options import (
     SweepSpec,
     Wide,
     check_choice,
+    check_output,
     fail,
     new_app,
     preflight_runs,
@@ -47,11 +48,9 @@ def _load(spec: Path, out: Path | None = None):
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
     preflight_runs([r.config for r in runs], spec)
     if out is not None:
-        if str(out).strip() in ("", "."):
-            fail(f"--out {str(out)!r}: give a folder (an empty value would use the current one)")
+        check_output(out, "--out")
         sweep.out = out
-    if sweep.out.exists() and not sweep.out.is_dir():
-        fail(f"{spec}: out: {sweep.out} is a file, not a folder")
+    check_output(sweep.out, f"{spec}: out:")
     return sweep, runs
 
 
@@ -263,6 +262,8 @@ def extend(spec: SweepSpec,
     from ablate.experiments.sweep import read_spec_file
 
     sweep, runs = _load(spec, out)
+    path = spec.with_suffix(".extend.yaml") if not spec.name.endswith(".extend.yaml") else spec
+    check_output(path, "the extended spec", folder=False)
     if step < 1 or max_seeds < 2:
         fail("--step must be >= 1 and --max-seeds >= 2")
     if not Path(sweep.out).exists():
@@ -287,7 +288,6 @@ def extend(spec: SweepSpec,
     base = raw.get("base") or {}
     if isinstance(base, dict) and base.get("config"):   # keep base.config valid next to the new file
         raw["base"] = {**base, "config": str((spec.parent / base["config"]).resolve())}
-    path = spec.with_suffix(".extend.yaml") if not spec.name.endswith(".extend.yaml") else spec
     path.write_text(f"# {spec.name} extended to {d['next_seeds']} seeds: {d['why']} (ablate sweep extend)\n"
                     + yaml.safe_dump(raw, sort_keys=False))
     typer.echo(f"wrote {path} (+{len(extra)} seeds: {extra})\n  ablate sweep run {path}\n  "

@@ -27,6 +27,7 @@ from ablate.cli.options import (
     SearchSpec,
     Wide,
     check_choice,
+    check_output,
     fail,
     new_app,
     preflight_runs,
@@ -202,10 +203,14 @@ def _load(spec: Path, out: Path | None, storage: str | None):
     """A bad spec exits 2 with the message (file and key) before any study or trial exists."""
     from ablate.experiments.search import SpecError, load_search
 
+    if out is not None:
+        check_output(out, "--out")
     try:
-        return load_search(spec, out, storage)
+        s = load_search(spec, out, storage)
     except SpecError as err:
         fail(str(err))
+    check_output(s.out, f"{spec}: out:")
+    return s
 
 
 def _preflight_configs(s) -> list:
@@ -312,6 +317,8 @@ def confirm(spec: SearchSpec,
     if top < 1 or seeds < 2:
         fail("--top must be >= 1 and --seeds >= 2 (an interval needs two seeds)")
     s = _load(spec, out, storage)
+    path = spec.parent / f"{s.name}_confirm.yaml"
+    check_output(path, "the confirmation spec", folder=False)
     try:
         trials = summary(s)["trials"]
     except KeyError as err:
@@ -319,7 +326,6 @@ def confirm(spec: SearchSpec,
     body = confirm_spec(s, trials, top, seeds)
     if len(body["arms"]) == 1:
         fail(f"study {s.name!r} has no completed trial to confirm")
-    path = spec.parent / f"{s.name}_confirm.yaml"
     path.write_text(f"# {len(body['arms']) - 1} best trials of {s.name} and the baseline on fresh seeds "
                     f"(ablate tune confirm)\n" + yaml.safe_dump(body, sort_keys=False))
     typer.echo(f"wrote {path}\n  ablate sweep run {path}\n  ablate report {body['out']} --metric {s.metric}")

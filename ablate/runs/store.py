@@ -12,14 +12,17 @@
                       torch's tensor-only loader, so a crafted file on a shared file system cannot run code
 
 Appends are line-buffered so a crash loses at most the step in flight; readers skip a half-written
-last line (and report any other damaged line with its file and line number). Files that are replaced (config, status, checkpoint) are written to a temporary file and
-renamed, so a reader never sees a partial one; on a full disk the temporary file is removed and the final
-status is written over status.json's own bytes, so a run never stays `running` after it ended.
+last line (and report any other damaged line with its file and line number). Files that are replaced (config,
+status, checkpoint) are written to a temporary file and renamed, so a reader never sees a partial one; on a
+full disk the temporary file is removed and the final status is written over status.json's own bytes, so a
+run never stays `running` after it ended. Any other error on a path of the folder (a folder where a file
+belongs, no permission, a read-only file system) is a RunFolderError naming the path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import platform
@@ -38,6 +41,7 @@ STATES = ("running", "completed", "failed", "diverged", "cancelled", "pruned")
 CHECKPOINT = "checkpoint.pt"
 RUN_FILES = ("status.json", "provenance.json", CHECKPOINT, *(f"{log}.jsonl" for log in LOGS))
 CHECKPOINT_FORMAT = 2  # {"format", "meta": JSON text, "tensors": {name: tensor}}
+SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk or quota: the run ends `failed` (exit 1)
 
 
 class RunFolderError(ValueError):
@@ -85,16 +89,30 @@ def unpack(data, tensors: dict):
     return {k: unpack(v, tensors) for k, v in data.items()}
 
 
+@contextlib.contextmanager
+def writing(path: Path):
+    """An OSError on `path` that is not a full disk (a folder where a file belongs, a file where a folder
+    does, no permission, a read-only file system) as a RunFolderError naming the path."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in SPACE_ERRORS:
+            raise
+        raise RunFolderError(f"{path}: cannot be written ({err.strerror or err}); a run folder's files are "
+                             f"regular files in a writable folder") from None
+
+
 def atomic_write(path: Path, write) -> None:
     """`write(file)` into a temporary sibling, then rename over `path`. On any error (a full disk) the
     temporary file is removed: no empty or partial leftovers, and `path` is unchanged."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with writing(path):
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -119,7 +137,11 @@ def read_jsonl(path: Path) -> list[dict]:
     not a JSON object raises RunFolderError naming the file and the line, so no row is ever dropped silently."""
     if not path.exists():
         return []
-    *lines, tail = path.read_bytes().split(b"\n")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise RunFolderError(f"{path}: cannot be read ({err.strerror or err}); a log is a regular file") from None
+    *lines, tail = data.split(b"\n")
     rows = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -166,7 +188,8 @@ class RunStore:
 
     # --- config and provenance ---
     def write_config(self, cfg: RunConfig) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        with writing(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
         text = yaml.safe_dump({"run_id": run_id(cfg), **to_dict(cfg)}, sort_keys=False)
         atomic_write(self.path("config.yaml"), lambda f: f.write(text.encode()))
 
@@ -186,6 +209,10 @@ class RunStore:
     def claim(self, run: str) -> None:
         """Check, before run `run` writes anything here, that the folder is its own: refuses another run's
         folder, run files without a readable config.yaml, and a damaged or foreign checkpoint."""
+        odd = [n for n in ("config.yaml", *RUN_FILES) if self.path(n).exists() and not self.path(n).is_file()]
+        if odd:
+            raise RunFolderError(f"{self.root}: {', '.join(odd)}: expected a file, found a folder (or another "
+                                 f"non-file); move {'it' if len(odd) == 1 else 'them'} aside to resume the run")
         existing = self.read_config()
         if existing is None:
             files = [n for n in RUN_FILES if self.path(n).exists()]
@@ -263,7 +290,7 @@ class RunStore:
 
     # --- append-only logs ---
     def append(self, log: str, row: dict) -> None:
-        with open(self.path(f"{log}.jsonl"), "a") as f:
+        with writing(self.path(f"{log}.jsonl")), open(self.path(f"{log}.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
         self._mirror("append", log, row)
 

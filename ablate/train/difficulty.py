@@ -33,8 +33,11 @@ def cache_path(cfg: RunConfig, n: int, temperature: float) -> Path:
 def _cache_file(model: str, task: dict, n: int, temperature: float) -> Path:
     task = {k: v for k, v in task.items() if k != "pass_rate_band"}
     blob = json.dumps({"model": model, "task": task, "n": n, "temperature": float(temperature)}, sort_keys=True)
-    root = Path(os.environ.get("ABLATE_CACHE", ".cache/ablate"))
-    return root / "difficulty" / f"{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+    return cache_root() / "difficulty" / f"{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ABLATE_CACHE", ".cache/ablate"))
 
 
 def band_cache_of(config: dict) -> Path:
