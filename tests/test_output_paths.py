@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from ablate.cli.main import app
 from ablate.config import load
-from ablate.runs.store import RUN_FILES, RunFolderError, RunStore
+from ablate.runs.store import LOCK, RUN_FILES, RunFolderError, RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "configs" / "toy.yaml"
@@ -130,7 +130,7 @@ def toy_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("name", ["config.yaml", *RUN_FILES])
+@pytest.mark.parametrize("name", ["config.yaml", *RUN_FILES, LOCK])
 def test_a_run_file_replaced_by_a_folder_is_named(tmp_path, monkeypatch, toy_run, name):
     import shutil
 
@@ -158,7 +158,7 @@ def test_store_writes_name_the_path_instead_of_an_oserror(tmp_path):
     with pytest.raises(RunFolderError, match="status.json: cannot be written"):
         store.set_status("running", 1)
     with pytest.raises(RunFolderError, match="cannot be written"):
-        RunStore(tmp_path / "r" / "config.yaml" / "x").write_config(load(TOY))  # a file where the folder would go
+        RunStore(tmp_path / "r" / "config.yaml" / "x").lock()  # a file where the run folder would go
 
 
 def test_a_log_replaced_by_a_folder_mid_run_ends_it_failed_naming_the_path(tmp_path):

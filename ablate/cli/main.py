@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import sys
 from pathlib import Path
@@ -52,7 +51,7 @@ def train(
     except ConfigError as err:
         fail(str(err))
     preflight_runs([cfg], config)
-    from ablate.runs.store import RunFolderError
+    from ablate.runs.store import SPACE_ERRORS, RunFolderError, RunStore
     from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
@@ -72,6 +71,7 @@ def train(
     from ablate.train.preemption import Stopped, stop_reason
 
     try:
+        RunStore(out).check_free()  # another process trains this folder: refused at once (as every rank would be)
         if nproc > 1:  # N local ranks, each running run_train (docs/scale.md)
             from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -87,9 +87,9 @@ def train(
         fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
     except (Stopped, KeyboardInterrupt) as err:  # the run folder says `cancelled` and why
         typer.echo(f"cancelled: {out} ({stop_reason(err)}); the same command resumes it", err=True)
-        raise typer.Exit(143 if isinstance(err, Stopped) else 130) from None
+        raise typer.Exit(128 + (err.signum if isinstance(err, Stopped) else 2)) from None  # 143, 129, 130
     except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if err.errno not in SPACE_ERRORS:
             raise
         typer.secho(f"error: {err.strerror} writing {err.filename or out}; the run is marked failed in "
                     f"{out}/status.json (free space, then the same command resumes it)", fg="red", err=True)

@@ -478,8 +478,11 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     distributed.init_from_env(resolve_device(cfg.device), cfg.compute.collective_timeout_s)  # WORLD_SIZE > 1
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
+    with distributed.failing_together():
+        store.lock()  # one writer: rank 0 holds the folder for the run's life (RunFolderError names the holder)
     status = store.status()
     if status and status["state"] in ("completed", "diverged", "pruned"):
+        store.unlock()
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
@@ -488,7 +491,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     state = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
-        with preemption.stop_on_sigterm():  # SIGTERM ends the run `cancelled`, not `running` forever
+        with preemption.stop_on_signals():  # SIGTERM, SIGHUP end the run `cancelled`, not `running` forever
             state = _train(cfg, store, device, progress, should_prune)
         return state
     except Diverged as err:  # found outside the update (sampling, evaluation): the step in flight diverged
@@ -527,7 +530,8 @@ def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool
     step, counters, wall, since_eval = 0, {"samples": 0, "tokens": 0}, 0.0, []
     pending = offpolicy.Pending()  # sampled batches not yet trained on: the staleness FIFO (k deep)
 
-    ckpt = store.load_checkpoint(run_id(cfg))
+    # a log that lost rows of the checkpoint's steps (torn tail): start again, so each step is logged once
+    ckpt = store.load_checkpoint(run_id(cfg)) if distributed.on_main(store.logs_cover_checkpoint) else None
     critic = build_critic(cfg, policy, ckpt)  # PPO's value model (recipe.adv_whiten='gae'), else None
     if ckpt is not None:  # resume: restore everything, forget what was logged after the checkpoint
         sharding.load_checkpoint_state(policy.module, optimizer, ckpt)  # model and optimizer
