@@ -30,7 +30,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
 
-from ablate.runs.store import RunFolderError, read_jsonl
+from ablate.runs.store import RunFolderError, read_jsonl, status_problem
 
 CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
@@ -119,6 +119,12 @@ def _signature(run_dir: Path) -> list:
     return sig
 
 
+def _checked(run_dir: Path, status: dict) -> dict:
+    """A status.json read from disk, or in its place an error naming what breaks its format."""
+    problem = status and status_problem(status)
+    return {"error": f"{run_dir / 'status.json'}: not a run status ({problem})"} if problem else status
+
+
 @dataclass
 class RunData:
     run_dir: Path
@@ -137,7 +143,7 @@ def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
         try:
             meta = json.loads((cdir / "meta.json").read_text())
             if meta["signature"] == sig:
-                return RunData(run_dir, meta["config"], meta["status"],
+                return RunData(run_dir, meta["config"], _checked(run_dir, meta["status"]),
                                pq.read_table(cdir / "metrics.parquet"), pq.read_table(cdir / "evals.parquet"))
         except (OSError, ValueError, KeyError, pa.ArrowException):
             pass
@@ -147,12 +153,14 @@ def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
         config = {}
     except OSError as err:
         raise RunFolderError(f"{run_dir / 'config.yaml'}: cannot be read ({err.strerror or err})") from None
+    config = config if isinstance(config, dict) else {}
     try:
         status = json.loads((run_dir / "status.json").read_text())
     except (FileNotFoundError, ValueError):
         status = {}
     except OSError as err:
         raise RunFolderError(f"{run_dir / 'status.json'}: cannot be read ({err.strerror or err})") from None
+    status = _checked(run_dir, status)
     data = RunData(run_dir, config, status, read_log(run_dir / "metrics.jsonl"), read_log(run_dir / "evals.jsonl"))
     if cache:
         try:
@@ -186,7 +194,8 @@ class Study:
 def _run_row(d: RunData) -> dict:
     cfg, st = d.config, d.status
     last = [int(pc.max(t["step"]).as_py()) for t in (d.metrics, d.evals) if t.num_rows]
-    return {"run_id": cfg.get("run_id") or d.run_dir.name, "run_dir": str(d.run_dir),
+    rid = cfg.get("run_id")
+    return {"run_id": rid if isinstance(rid, str) and rid else d.run_dir.name, "run_dir": str(d.run_dir),
             "state": st.get("state") or ("missing" if not last else "unknown"),
             "error": st.get("error"), "last_step": max(last) if last else -1,
             "planned_steps": cfg.get("steps"), **flatten({k: v for k, v in cfg.items() if k != "run_id"})}

@@ -179,10 +179,12 @@ def status(runs_dir: RunsDir, as_json: AsJson = False, wide: Wide = False):
 def cancel(runs_dir: RunsDir):
     """Stop the sweep's active jobs and mark every unfinished run `cancelled`."""
     from ablate.experiments.launch import cancel as do_cancel
+    from ablate.experiments.sweep import SpecError
+    from ablate.runs.store import RunFolderError
 
     try:
         ids = do_cancel(runs_dir)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, SpecError, RunFolderError) as err:
         fail(str(err))
     console.print(f"cancelled {len(ids)} run(s)")
 # --- live view (local executor) ----------------------------------------------------------------------

@@ -30,6 +30,7 @@ import errno
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import time
@@ -47,6 +48,14 @@ RUN_FILES = ("status.json", "provenance.json", CHECKPOINT, *(f"{log}.jsonl" for 
 CHECKPOINT_FORMAT = 2  # {"format", "meta": JSON text, "tensors": {name: tensor}}
 LOCK = ".lock"
 SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk or quota: the run ends `failed` (exit 1)
+
+
+RUN_ID = re.compile(r"[0-9a-f]{12}")  # config.hash_config: the first 12 hex digits of a SHA-256
+
+
+def is_run_id(text) -> bool:
+    """Whether `text` has a run id's format (read from disk, it may then name a run folder)."""
+    return isinstance(text, str) and RUN_ID.fullmatch(text) is not None
 
 
 class RunFolderError(ValueError):
@@ -135,6 +144,42 @@ def overwrite_in_place(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_json(path: Path, what: str, hint: str, error: type[Exception] = RunFolderError):
+    """A JSON file read from disk; `error` naming the file, what it is and what to do when it does not parse."""
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, OSError) as err:
+        raise error(f"{path}: unreadable {what} ({err}); {hint}") from None
+
+
+def status_problem(row) -> str | None:
+    """What breaks the format of a status.json read from disk, or None (the one check, for the trainer, the
+    sweep launcher and the report alike)."""
+    if not isinstance(row, dict) or row.get("state") not in STATES:
+        return f"state must be one of {', '.join(STATES)}"
+    if type(row.get("step", 0)) is not int or row.get("step", 0) < 0:
+        return f"step: {row.get('step')!r} is not a step (an integer >= 0)"
+    if not isinstance(row.get("error"), (str, type(None))):
+        return "error: expected text or null"
+    if not isinstance(row.get("updated", 0), (int, float)) or isinstance(row.get("updated"), bool):
+        return "updated: expected a time"
+    return None
+
+
+def provenance_problem(info) -> str | None:
+    """What breaks the format of the provenance fields a run carries over, or None."""
+    if not isinstance(info, dict):
+        return "expected a mapping"
+    steps = info.get("resumed_from_steps", [])
+    if not (isinstance(steps, list) and all(type(s) is int and s >= 0 for s in steps)):
+        return "resumed_from_steps: expected a list of steps"
+    ext = info.get("extended_from")
+    if ext is not None and not (isinstance(ext, dict) and is_run_id(ext.get("run_id")) and type(ext.get("steps")) is int
+                                and isinstance(ext.get("folder"), str)):
+        return "extended_from: expected {run_id: 12 hex digits, steps, folder}"
+    return None
 
 
 def _fsync(path: Path) -> None:
@@ -292,6 +337,7 @@ class RunStore:
             raise RunFolderError(f"{self.root} holds another run ({existing.get('run_id')}); refusing to "
                                  f"overwrite it")
         self.status()
+        self.provenance()
         for log in LOGS:  # a damaged log is reported here, before a resume would rewrite it
             self.read(log)
         self.load_checkpoint(run, mmap=True)
@@ -317,11 +363,16 @@ class RunStore:
         atomic_write(self.path("provenance.json"), lambda f: f.write(json.dumps(info, indent=2).encode()))
 
     def provenance(self) -> dict:
+        """provenance.json ({} without one); RunFolderError naming the field when what a new start carries
+        over (resumed_from_steps, extended_from) does not have its format."""
         p = self.path("provenance.json")
-        try:
-            return json.loads(p.read_text()) if p.exists() else {}
-        except (ValueError, OSError):
+        if not p.exists():
             return {}
+        info = read_json(p, "provenance", "move the file aside to resume")
+        problem = provenance_problem(info)
+        if problem:
+            raise RunFolderError(f"{p}: {problem}; not written by ablate: move the file aside to resume")
+        return info
 
     def note_resume(self, step: int) -> None:
         """Record in provenance.json that this start resumed from the checkpoint of `step`."""
@@ -334,13 +385,10 @@ class RunStore:
         p = self.path("status.json")
         if not p.exists():
             return None
-        try:
-            row = json.loads(p.read_text())
-        except (ValueError, OSError) as err:
-            raise RunFolderError(f"{p}: unreadable run status ({err}); move the file aside to resume the "
-                                 f"run from its checkpoint") from None
-        if not isinstance(row, dict) or row.get("state") not in STATES:
-            raise RunFolderError(f"{p}: not a run status (state must be one of {', '.join(STATES)})")
+        row = read_json(p, "run status", "move the file aside to resume the run from its checkpoint")
+        problem = status_problem(row)
+        if problem:
+            raise RunFolderError(f"{p}: not a run status ({problem})")
         return row
 
     def set_status(self, state: str, step: int, error: str | None = None) -> None:
