@@ -1,8 +1,8 @@
 """Preflight: read and check every file a run will read, before anything is written.
 
 A run reads its task's data (task.path, task.heldout_path, each mixture entry's; a reasoning-gym dataset;
-the procedural sets), the pass-rate cache of task.pass_rate_band, its model folder (config.json and every
-other JSON file, the weights' headers, the tokenizer, the chat template when task.chat_template asks for
+the procedural sets), the pass-rate cache of task.pass_rate_band, its model folder (the JSON files
+transformers reads, the weights' headers, the tokenizer, the chat template when task.chat_template asks for
 one) and builds its verifier (math-verify, the code sandbox, a dataset's scorer). `check(cfg)` does all of
 it through the very code the trainer uses (`make_task`, `band_filter`, transformers' Auto* loaders), so
 there is one reading path: a malformed line is reported as `file:line: what is wrong` (PreflightError,
