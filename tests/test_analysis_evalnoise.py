@@ -104,7 +104,7 @@ def test_planted_eval_noise_is_recovered(tmp_path):
     # 6 seeds, 400 problems, 8 samples x 2 repeats: sampling variance p(1 - p) / 16 per cell, planted
     write_sweep(tmp_path, {"recipe.scale": ["group", "none", "batch"]}, seeds=range(6), seed_sd=0.03,
                 effects={"recipe.scale": 0.0}, problems=400, problem_n=8, repeats=2, problem_sd=0.15, samples=False)
-    for d in tmp_path.glob("r002*"):                                          # a third arm 10 points better
+    for d in tmp_path.glob("c00002*"):                                          # a third arm 10 points better
         rows = [json.loads(x) for x in (d / "eval_problems.jsonl").read_text().splitlines()]
         for r in rows:
             r["correct"] = [min(8, c + int(i % 10 < 8)) for i, c in enumerate(r["correct"])]

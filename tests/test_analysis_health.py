@@ -72,7 +72,7 @@ def test_rules_run_in_the_report(tmp_path):
     from ablate.analysis.synthetic import write_sweep
 
     write_sweep(tmp_path, {"recipe.eps_high": [0.2, 0.28]}, seeds=range(2), samples=False)
-    path = tmp_path / "r001s0" / "metrics.jsonl"
+    path = tmp_path / "c00001d00000" / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     rows[60]["train/grad_norm"] = 20.0
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

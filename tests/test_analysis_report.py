@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import ablate
 from ablate.analysis import build_report, final_table, load_study
 from ablate.analysis.render import SECTIONS
-from ablate.analysis.synthetic import write_run, write_sweep
+from ablate.analysis.synthetic import run_name, write_run, write_sweep
 
 GRID = {"recipe.eps_high": [0.2, 0.28], "recipe.scale": ["group", "none"]}
 PLANTED = dict(effects={"recipe.eps_high": 0.03, "recipe.scale": 0.01},
@@ -25,11 +25,11 @@ PLANTED = dict(effects={"recipe.eps_high": 0.03, "recipe.scale": 0.01},
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis") / "clip_x_norm"
     write_sweep(root, GRID, seeds=range(4), fail=((3, 1),), **PLANTED)
-    (root / "r009s9").mkdir()                       # a run that died before logging anything
-    cfg = (root / "r000s0" / "config.yaml").read_text().replace("run_id: r000s0", "run_id: r009s9")
-    (root / "r009s9" / "config.yaml").write_text(cfg.replace("seed: 0", "seed: 9"))
-    (root / "r009s9" / "status.json").write_text(json.dumps({"state": "failed", "step": 0, "error": "OOM"}))
-    with open(root / "r000s0" / "metrics.jsonl", "a") as f:
+    (root / "c00009d00009").mkdir()                       # a run that died before logging anything
+    cfg = (root / "c00000d00000" / "config.yaml").read_text().replace("run_id: c00000d00000", "run_id: c00009d00009")
+    (root / "c00009d00009" / "config.yaml").write_text(cfg.replace("seed: 0", "seed: 9"))
+    (root / "c00009d00009" / "status.json").write_text(json.dumps({"state": "failed", "step": 0, "error": "OOM"}))
+    with open(root / "c00000d00000" / "metrics.jsonl", "a") as f:
         f.write('{"step": 101, "train/rew')         # torn last line
     return root
 
@@ -44,18 +44,18 @@ def test_load_runs_tidy_and_final_table(sweep):
     df = ablate.load_runs(sweep)
     assert list(df.columns[:6]) == ["run_id", "run_dir", "state", "step", "metric", "value"]
     assert {"seed", "recipe.eps_high", "recipe.scale"} <= set(df.columns)
-    assert df[(df.run_id == "r000s0") & (df.metric == "train/reward_mean")].step.max() == 100  # torn line skipped
+    assert df[(df.run_id == "c00000d00000") & (df.metric == "train/reward_mean")].step.max() == 100  # torn line skipped
     assert set(df.state) == {"completed", "failed"}
     study = load_study(sweep)
     ft = final_table(study)
     assert len(ft) == 17 and ft.run_id.is_unique                          # every run, even one with no logs
-    assert ft.set_index("run_id").loc["r009s9", "state"] == "failed"
-    assert ft.set_index("run_id").loc["r003s1", "last_step"] == 50
+    assert ft.set_index("run_id").loc["c00009d00009", "state"] == "failed"
+    assert ft.set_index("run_id").loc["c00003d00001", "last_step"] == 50
     assert final_table(df).shape[0] == 16                                 # the tidy frame: runs that logged
 
 
 def test_parquet_cache_is_used_and_invalidated(sweep):
-    run = sweep / "r001s2"
+    run = sweep / "c00001d00002"
     load_study(run)
     meta = run / ".ablate-cache" / "meta.json"
     assert meta.exists() and (run / ".ablate-cache" / "metrics.parquet").exists()
@@ -73,17 +73,17 @@ def test_factors_from_manifest_and_without(sweep, tmp_path):
     with_m = load_study(sweep)
     assert [(f.name, f.levels) for f in with_m.factors] == [("eps_high", ["0.2", "0.28"]), ("scale", ["group", "none"])]
     bare = tmp_path / "bare"
-    shutil.copytree(sweep, bare, ignore=shutil.ignore_patterns("manifest.json", "r009s9", ".ablate-cache"))
+    shutil.copytree(sweep, bare, ignore=shutil.ignore_patterns("manifest.json", "c00009d00009", ".ablate-cache"))
     without = load_study(bare)
     assert [(f.name, f.levels) for f in without.factors] == [(f.name, f.levels) for f in with_m.factors]
-    assert list(without.runs.arm.unique()) == list(with_m.runs.arm[with_m.runs.run_id != "r009s9"].unique())
+    assert list(without.runs.arm.unique()) == list(with_m.runs.arm[with_m.runs.run_id != "c00009d00009"].unique())
 
 
 def test_confounded_keys_form_one_factor(tmp_path):
     write_sweep(tmp_path, {"recipe.scale": ["group", "none"]}, seeds=range(2), manifest=False, samples=False)
-    for d in tmp_path.glob("r001*"):                # loss_agg moves with scale: one factor, not two
+    for d in tmp_path.glob("c00001*"):                # loss_agg moves with scale: one factor, not two
         (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("recipe:\n", "recipe:\n  loss_agg: tok\n"))
-    for d in tmp_path.glob("r000*"):
+    for d in tmp_path.glob("c00000*"):
         (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("recipe:\n", "recipe:\n  loss_agg: seq\n"))
     f = load_study(tmp_path).factors
     assert len(f) == 1 and f[0].name == "loss_agg+scale" and f[0].levels == ["seq/group", "tok/none"]
@@ -110,11 +110,11 @@ def test_effects_with_noise_cover_the_truth(tmp_path):
 def test_failed_runs_are_labelled_and_warned(report):
     rep, _ = report
     runs = rep.runs.set_index("run_id")
-    assert not runs.loc["r003s1", "included"] and "failed" in runs.loc["r003s1", "reason"]
-    assert runs.loc["r009s9", "state"] == "failed"
-    assert any("r003s1" in w and "failed" in w for w in rep.warnings)
-    assert any("r009s9" in w and "OOM" in w for w in rep.warnings)
-    assert "r003s1 (state failed)" in rep.arms.set_index("arm").loc["eps_high=0.28, scale=none", "excluded"]
+    assert not runs.loc["c00003d00001", "included"] and "failed" in runs.loc["c00003d00001", "reason"]
+    assert runs.loc["c00009d00009", "state"] == "failed"
+    assert any("c00003d00001" in w and "failed" in w for w in rep.warnings)
+    assert any("c00009d00009" in w and "OOM" in w for w in rep.warnings)
+    assert "c00003d00001 (state failed)" in rep.arms.set_index("arm").loc["eps_high=0.28, scale=none", "excluded"]
 
 
 def test_few_seeds_and_spread_warnings(tmp_path):
@@ -217,9 +217,9 @@ def test_named_arms_that_are_not_a_factorial_get_a_headline_labelled_by_arm(tmp_
             "cispo": ({"policy_loss": "cispo", "baseline": "group_mean"}, 0.70),
             "raft": ({"policy_loss": "raft", "baseline": "none"}, 0.50)}
     rng, entries = np.random.default_rng(0), {}
-    for arm, (recipe, final) in arms.items():
+    for i, (arm, (recipe, final)) in enumerate(arms.items()):
         for s in range(3):
-            rid = f"{arm}-s{s}"
+            rid = run_name(i, s)
             cfg = {"run_id": rid, "task": {"name": "synthetic"}, "model": {"path": "none"}, "steps": 50, "seed": s,
                    "recipe": recipe}
             write_run(tmp_path / rid, cfg, final + 0.01 * s, 50, rng, samples=False)

@@ -35,8 +35,8 @@ def test_every_score_has_one_signature_and_keeps_a_constant():
 
 def _seeded_base(root, base_by_seed):
     """Rewrite each run's step-0 evaluation to a per-seed value (the same in every arm)."""
-    for d in root.glob("r*"):
-        seed = int(d.name.split("s")[-1])
+    for d in root.glob("c*"):
+        seed = int(d.name.split("d")[-1])               # synthetic.run_name: c<combo>d<seed>
         rows = [json.loads(x) for x in (d / "evals.jsonl").read_text().splitlines()]
         rows[0]["eval/pass@1"] = base_by_seed[seed]
         (d / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

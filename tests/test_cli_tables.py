@@ -57,10 +57,11 @@ def test_status_of_a_grid_without_named_arms_fills_the_arm(tmp_path):
     spec = tmp_path / "g.yaml"
     spec.write_text(yaml.safe_dump({"name": "g", "base": {"config": TOY}, "out": str(tmp_path / "runs"),
                                     "grid": {"recipe.eps_high": [0.2, 0.28]}}))
-    from ablate.experiments.launch import _manifest_for, sweep_status, write_manifest
+    from ablate.experiments.launch import sweep_status
+    from ablate.experiments.manifest import manifest_for, write_manifest
 
     sweep = load_spec(spec)
-    write_manifest(sweep.out, _manifest_for(sweep, expand(sweep)))
+    write_manifest(sweep.out, manifest_for(sweep, expand(sweep)))
     assert [r["arm"] for r in sweep_status(sweep.out)] == ["eps_high=0.2", "eps_high=0.28"]
     res = CliRunner().invoke(sweep_app, ["status", str(sweep.out)])
     assert res.exit_code == 0 and "eps_high=0.28" in res.output and max(map(len, res.output.splitlines())) <= 80

@@ -89,7 +89,7 @@ def test_report_shows_the_band_histograms(tmp_path, monkeypatch):
     (e,) = rep.bands
     assert e["summary"] == s and len(e["arms"]) == 1
     line = f"{kept} of 64 training prompts kept ({kept / 64:.0%}) by the base model's pass rate over 4 samples"
-    assert line in band_lines(rep.bands)[0] and html.escape(line) in out.read_text() and line in out.with_suffix(".md").read_text()
+    assert line in band_lines(rep.bands)[0] and line in html.unescape(out.read_text()) and line in out.with_suffix(".md").read_text()
     from ablate.analysis import plots
 
     fig = plots.band_figure(rep.bands)

@@ -90,8 +90,12 @@ def test_kill9_worker_is_failed_and_rerun_resubmits_only_it(tmp_path):
 
 
 def test_run_that_raises_is_failed_with_traceback(tmp_path):
-    (tmp_path / "no-such-model").mkdir()  # passes validation (a folder with a config.json), fails to load
-    (tmp_path / "no-such-model" / "config.json").write_text("{}")
+    import shutil
+
+    # every file reads (the preflight passes), but the weights do not fit the config: loading fails in the worker
+    shutil.copytree("models/tiny-arith", tmp_path / "no-such-model")
+    config = json.loads((tmp_path / "no-such-model" / "config.json").read_text())
+    (tmp_path / "no-such-model" / "config.json").write_text(json.dumps({**config, "intermediate_size": 200}))
     sweep = parse_spec({"name": "bad", "base": {"config": str(Path("configs/quickstart.yaml").resolve()),
                                                  "overrides": {"model.path": str(tmp_path / "no-such-model"),
                                                                "steps": 1, "tracking.wandb.mode": "disabled"}},
@@ -101,7 +105,7 @@ def test_run_that_raises_is_failed_with_traceback(tmp_path):
     (row,) = sweep_status(sweep.out)
     assert row["state"] == "failed" and row["scheduler"] == "FAILED"
     status = json.loads((sweep.out / runs[0].run_id / "status.json").read_text())
-    assert status["state"] == "failed" and "Traceback" in status["error"] and "no-such-model" in status["error"]
+    assert status["state"] == "failed" and "Traceback" in status["error"] and "mismatch" in status["error"]
 
 
 def test_cancel_stops_active_and_pending_runs(tmp_path):

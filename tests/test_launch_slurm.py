@@ -240,8 +240,12 @@ def test_time_limit_requeues_and_resumes_from_checkpoint(tmp_path):
 # --- (d) a run that raises --------------------------------------------------------------------------
 
 def test_run_that_raises_is_failed_with_traceback(tmp_path):
-    (tmp_path / "no-such-model").mkdir()  # passes validation (a folder with a config.json), fails to load
-    (tmp_path / "no-such-model" / "config.json").write_text("{}")
+    import shutil
+
+    # every file reads (the preflight passes), but the weights do not fit the config: loading fails in the worker
+    shutil.copytree(ROOT / "models" / "tiny-arith", tmp_path / "no-such-model")
+    config = json.loads((tmp_path / "no-such-model" / "config.json").read_text())
+    (tmp_path / "no-such-model" / "config.json").write_text(json.dumps({**config, "intermediate_size": 200}))
     spec = tmp_path / "bad.yaml"
     spec.write_text(yaml.safe_dump({"name": "bad", "out": str(tmp_path / "runs"), "base": {
         "config": str(ROOT / "configs/quickstart.yaml"),
@@ -251,9 +255,9 @@ def test_run_that_raises_is_failed_with_traceback(tmp_path):
     launch(sweep, runs, executor="slurm", profile=DEV_PROFILE)
     (row,) = wait_finished(sweep.out, timeout=90).values()
     assert row["state"] == "failed" and row["scheduler"] == "FAILED", row
-    assert "no-such-model" in row["error"]
+    assert "mismatch" in row["error"]
     status = json.loads((sweep.out / runs[0].run_id / "status.json").read_text())
-    assert status["state"] == "failed" and "Traceback" in status["error"] and "no-such-model" in status["error"]
+    assert status["state"] == "failed" and "Traceback" in status["error"] and "mismatch" in status["error"]
 
 
 # --- (e) a partition the cluster does not have --------------------------------------------------------
@@ -281,7 +285,7 @@ def test_resubmitted_run_not_yet_in_sacct_is_pending(tmp_path):
     out = tmp_path / "runs"
     write_manifest(out, {"name": "lag", "runs": {}})
     m = read_manifest(out)
-    for rid, state in [("a", "failed"), ("b", "cancelled")]:
+    for rid, state in [("a" * 12, "failed"), ("b" * 12, "cancelled")]:  # run ids of a run id's format
         RunStore(out / rid).root.mkdir(parents=True)
         RunStore(out / rid).set_status(state, 3, "previous attempt")
         m["runs"][rid] = {"steps": 10, "jobs": [{"executor": "slurm", "job_id": "999999990", "folder": ".submitit/x",
@@ -291,7 +295,7 @@ def test_resubmitted_run_not_yet_in_sacct_is_pending(tmp_path):
     for e in m["runs"].values():
         e["jobs"][0]["submitted"] = time.time() - 3600  # a job older than the store's state: the store stands
     write_manifest(out, m)
-    assert {r["run_id"]: r["state"] for r in sweep_status(out)} == {"a": "failed", "b": "cancelled"}
+    assert {r["run_id"]: r["state"] for r in sweep_status(out)} == {"a" * 12: "failed", "b" * 12: "cancelled"}
 
 
 # --- (f) one run over 2 ranks: slurm/profiles/dev-2task.yaml (2 tasks x 1 CPU, gloo) --------------------

@@ -1,55 +1,69 @@
-"""Fault tests for how a run ends: SIGTERM, a full disk, a killed sweep launcher. Whatever stops it, a run
-folder ends at an honest final state (never `running`) and holds no temporary leftovers."""
+"""Fault tests for how a run ends: SIGTERM, SIGHUP, Ctrl-C, a full disk, a killed sweep launcher. Whatever
+stops it, a run folder ends at an honest final state (never `running`) and holds no temporary leftovers."""
 
-import json
 import os
 import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import pytest
 import yaml
+from conftest import run_status, sweep_worker, wait_for
 
 TOY = ["configs/toy.yaml", "--set", "tracking.wandb.mode=disabled", "--set", "eval.every=0", "--quiet"]
 ABLATE = [sys.executable, "-c", "from ablate.cli.main import main; main()"]
-
-
-def status(run_dir: Path) -> dict:
-    p = run_dir / "status.json"
-    return json.loads(p.read_text()) if p.exists() else {}
-
-
-def wait_for(predicate, timeout=120, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 def leftovers(run_dir: Path) -> list[str]:
     return [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp") or p.stat().st_size == 0]
 
 
-def test_sigterm_ends_the_run_cancelled_with_the_reason(tmp_path):
+def default_signals():
+    """In the child: the stop signals at their default action, whatever this process inherited (nohup)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig, code, named", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGHUP, 129, "SIGHUP"),
+                                              (signal.SIGINT, 130, "SIGINT")])
+def test_a_stop_signal_ends_the_run_cancelled_naming_it(tmp_path, sig, code, named):
+    """kill, a closed terminal or SSH session (SIGHUP), Ctrl-C: the run ends `cancelled` with the signal named,
+    and the same command resumes it; never `running` after the process is gone."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([*ABLATE, "train", *TOY, "--set", "steps=100000", "--out", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
-        wait_for(lambda: status(run_dir).get("step", 0) >= 2, what="two steps")
-        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: run_status(run_dir).get("step", 0) >= 2, what="two steps")
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    st = status(run_dir)
-    assert proc.returncode == 143, err
-    assert st["state"] == "cancelled" and "SIGTERM" in st["error"] and st["step"] >= 2
+    st = run_status(run_dir)
+    assert proc.returncode == code, err
+    assert st["state"] == "cancelled" and named in st["error"] and st["step"] >= 2
     assert "cancelled:" in err and "Traceback" not in err
     assert leftovers(run_dir) == []
+
+
+def test_sighup_under_nohup_is_left_to_nohup(tmp_path):
+    """A run started with SIGHUP ignored (nohup) outlives its terminal: the trainer leaves that choice alone."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([*ABLATE, "train", *TOY, "--set", "steps=100000", "--out", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        wait_for(lambda: run_status(run_dir).get("step", 0) >= 2, what="two steps")
+        proc.send_signal(signal.SIGHUP)
+        step = run_status(run_dir)["step"]
+        wait_for(lambda: run_status(run_dir).get("step", 0) >= step + 3, what="three more steps after SIGHUP")
+        assert proc.poll() is None and run_status(run_dir)["state"] == "running"
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert run_status(run_dir)["state"] == "cancelled" and "SIGTERM" in run_status(run_dir)["error"]
 
 
 def test_full_disk_ends_the_run_failed_with_the_reason_and_no_temporary_files(tmp_path):
@@ -61,12 +75,12 @@ def test_full_disk_ends_the_run_failed_with_the_reason_and_no_temporary_files(tm
     proc = subprocess.Popen([*ABLATE, "train", *TOY, "--set", "steps=100000", "--out", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: status(run_dir).get("step", 0) >= 2, what="two steps")
+        wait_for(lambda: run_status(run_dir).get("step", 0) >= 2, what="two steps")
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (400, 400))
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    st = status(run_dir)
+    st = run_status(run_dir)
     assert proc.returncode == 1, err
     assert st["state"] == "failed" and "File too large" in st["error"], st
     assert "error: File too large" in err and "Traceback" not in err
@@ -83,18 +97,12 @@ def test_killed_sweep_launcher_leaves_no_worker_running(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp_path / "runs"
     try:
-        def worker():
-            infos, run_dirs = list(out.glob(".submitit/*/*_worker.json")), list(out.glob("*/status.json"))
-            if infos and run_dirs and status(run_dirs[0].parent).get("step", 0) >= 2:
-                return json.loads(infos[0].read_text())["pid"], int(infos[0].name.split("_")[0]), run_dirs[0].parent
-            return None
-
-        pid, controller, run_dir = wait_for(worker, what="a worker at step 2")
+        pid, controller, run_dir = wait_for(lambda: sweep_worker(out), what="a worker at step 2")
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
         wait_for(lambda: not any(Path(f"/proc/{p}").exists() and b"submitit" in Path(f"/proc/{p}/cmdline")
                                  .read_bytes() for p in (pid, controller)), timeout=30, what="workers gone")
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
-    st = status(run_dir)
+    st = run_status(run_dir)
     assert st["state"] == "cancelled" and "launcher" in st["error"], st

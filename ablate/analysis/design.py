@@ -13,7 +13,6 @@ value.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,18 +36,17 @@ class Factor:
 
 
 def read_manifests(paths, run_dirs) -> tuple[dict, dict]:
-    """(run_id -> manifest entry, spec order: key -> list of values / "arms" -> arm names)."""
+    """(run_id -> manifest entry, spec order: key -> list of values / "arms" -> arm names). Each manifest is
+    read and checked by `ablate.experiments.manifest.read_manifest` (SpecError, a ValueError, naming it)."""
+    from ablate.experiments.manifest import read_manifest
+
     entries, order = {}, {}
     roots = {Path(p).resolve() for p in paths} | {Path(d).parent for d in run_dirs}
     for root in sorted(roots):
-        f = root / "manifest.json"
-        if not f.is_file():
+        if not (root / "manifest.json").is_file():
             continue
-        try:
-            m = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        entries.update(m.get("runs") or {})
+        m = read_manifest(root)
+        entries.update(m["runs"])
         spec = m.get("spec") or {}
         order.setdefault("arms", list((spec.get("arms") or {}).keys()))
         for k, vals in (spec.get("grid") or {}).items():

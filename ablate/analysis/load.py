@@ -30,7 +30,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
 
-from ablate.runs.store import read_jsonl
+from ablate.runs.store import RunFolderError, read_jsonl, status_problem
 
 CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
@@ -88,8 +88,10 @@ def read_log(path: Path) -> pa.Table:
     (a corrupt line in the middle, a key that changes type) goes through `read_jsonl`, line by line."""
     try:
         data = path.read_bytes()
-    except OSError:
+    except FileNotFoundError:
         return _wide([])
+    except OSError as err:  # a folder where the log belongs, no permission: said, never read as "no rows"
+        raise RunFolderError(f"{path}: cannot be read ({err.strerror or err}); a log is a regular file") from None
     end = data.rfind(b"\n") + 1
     tail = data[end:]
     if tail.strip():
@@ -117,6 +119,12 @@ def _signature(run_dir: Path) -> list:
     return sig
 
 
+def _checked(run_dir: Path, status: dict) -> dict:
+    """A status.json read from disk, or in its place an error naming what breaks its format."""
+    problem = status and status_problem(status)
+    return {"error": f"{run_dir / 'status.json'}: not a run status ({problem})"} if problem else status
+
+
 @dataclass
 class RunData:
     run_dir: Path
@@ -135,18 +143,24 @@ def read_run(run_dir: str | Path, cache: bool = True) -> RunData:
         try:
             meta = json.loads((cdir / "meta.json").read_text())
             if meta["signature"] == sig:
-                return RunData(run_dir, meta["config"], meta["status"],
+                return RunData(run_dir, meta["config"], _checked(run_dir, meta["status"]),
                                pq.read_table(cdir / "metrics.parquet"), pq.read_table(cdir / "evals.parquet"))
         except (OSError, ValueError, KeyError, pa.ArrowException):
             pass
     try:
         config = yaml.load((run_dir / "config.yaml").read_text(), Loader=SafeLoader) or {}
-    except (OSError, yaml.YAMLError):
+    except (FileNotFoundError, yaml.YAMLError, UnicodeDecodeError):
         config = {}
+    except OSError as err:
+        raise RunFolderError(f"{run_dir / 'config.yaml'}: cannot be read ({err.strerror or err})") from None
+    config = config if isinstance(config, dict) else {}
     try:
         status = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError):
         status = {}
+    except OSError as err:
+        raise RunFolderError(f"{run_dir / 'status.json'}: cannot be read ({err.strerror or err})") from None
+    status = _checked(run_dir, status)
     data = RunData(run_dir, config, status, read_log(run_dir / "metrics.jsonl"), read_log(run_dir / "evals.jsonl"))
     if cache:
         try:
@@ -180,7 +194,8 @@ class Study:
 def _run_row(d: RunData) -> dict:
     cfg, st = d.config, d.status
     last = [int(pc.max(t["step"]).as_py()) for t in (d.metrics, d.evals) if t.num_rows]
-    return {"run_id": cfg.get("run_id") or d.run_dir.name, "run_dir": str(d.run_dir),
+    rid = cfg.get("run_id")
+    return {"run_id": rid if isinstance(rid, str) and rid else d.run_dir.name, "run_dir": str(d.run_dir),
             "state": st.get("state") or ("missing" if not last else "unknown"),
             "error": st.get("error"), "last_step": max(last) if last else -1,
             "planned_steps": cfg.get("steps"), **flatten({k: v for k, v in cfg.items() if k != "run_id"})}

@@ -1,9 +1,17 @@
 """Render a Report as self-contained HTML (inline CSS, base64 images, no scripts, no network) and as
-Markdown. Section ids/titles are stable: tests and docs refer to them."""
+Markdown. Section ids/titles are stable: tests and docs refer to them.
+
+The HTML is `templates/report.html.j2`, rendered by Jinja2 with autoescaping from plain data: paragraphs,
+lists, tables of cells and base64 figures (the block helpers below). No HTML is built from strings here, so
+every string that reaches the page (a config value, an arm or sweep name, a status error, a sample
+completion) is escaped on its way in, by construction.
+"""
 
 from __future__ import annotations
 
-import html as H
+import functools
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -15,14 +23,52 @@ SECTIONS = [("headline", "Headline"), ("setup", "Setup"), ("warnings", "Warnings
             ("curves", "Curves"), ("passk", "pass@k"),
             ("diagnostics", "Diagnostics"), ("samples", "Samples"), ("runs", "Runs")]
 
-CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1180px;margin:24px auto;
-padding:0 16px;color:#222;line-height:1.45}h1{font-size:1.6em;border-bottom:2px solid #444}
-h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ccc}table{border-collapse:collapse;margin:8px 0;
-font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}.sig{font-weight:bold}
-.ns{color:#777}.warn li{color:#8a4b00}.headline li{font-size:1.08em;margin:4px 0}img{max-width:100%}
-pre{background:#f6f6f6;padding:4px 6px;margin:0;white-space:pre-wrap;font-size:12px}
-.meta{color:#666;font-size:12px}.bad{color:#b00020;font-weight:bold}"""
+
+# --- HTML blocks: plain data for the template ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pre:
+    """A table cell shown as preformatted text (prompts, completions)."""
+
+    text: str
+
+
+def _para(text: str, cls: str | None = None) -> dict:
+    return {"kind": "p", "text": text, "cls": cls}
+
+
+def _bullets(items, cls: str | None = None) -> dict:
+    return {"kind": "ul", "items": list(items), "cls": cls}
+
+
+def _heading(text: str) -> dict:
+    return {"kind": "h3", "text": text}
+
+
+def _figure(alt: str, png: str) -> dict:
+    return {"kind": "img", "alt": alt, "png": png}
+
+
+def _table(header, rows, summary: str | None = None) -> dict:
+    """A table block; a cell is shown as its text (a Pre cell preformatted); `summary`: folded under it."""
+    return {"kind": "table", "header": [str(h) for h in header], "summary": summary,
+            "rows": [[c if isinstance(c, Pre) else str(c) for c in r] for r in rows]}
+
+
+def _md_table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.tests["pre"] = lambda cell: isinstance(cell, Pre)
+    return env.get_template("report.html.j2")
 
 
 def _ci(est, lo, hi, scale=1.0, digits=1) -> str:
@@ -37,17 +83,6 @@ def _count(v) -> str:
     if not np.isfinite(v):
         return "–"
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
-
-
-def _table(header, rows, md=False) -> str:
-    if md:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
-        return "\n".join(lines) + "\n"
-    head = "".join(f"<th>{H.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c if str(c).startswith('<') else H.escape(str(c))}</td>" for c in r)
-                   + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _boot(est, lo, hi, n, scale=1.0, digits=1) -> str:
@@ -251,7 +286,7 @@ def _diag_rows(rep):
 
 def _sample_rows(rows, pre=False):
     def text(v):
-        return f"<pre>{H.escape(str(v))}</pre>" if pre else f"`{str(v).replace('`', chr(39))}`"
+        return Pre(str(v)) if pre else f"`{str(v).replace('`', chr(39))}`"
 
     return (["run", "step", "split", "prompt", "completion", "reward", "correct"],
             [[r["run"], r.get("step"), r.get("split"), text(r.get("prompt")), text(r.get("completion")),
@@ -277,18 +312,19 @@ def _run_rows(rep):
     return ["run", "arm", "seed", "state", "step/planned", f"final {rep.unit}", "in statistics", "error"], rows
 
 
-def _setup_parts(rep, md=False):
+def _setup_parts(rep):
+    """The setup section: a summary line (text) and (header, rows) tables."""
     st = rep.setup
     varied = [[name, v["keys"], ", ".join(map(str, v["levels"])), v["reference"]] for name, v in st["varied"].items()]
     seeds = st["seeds"]
     seeds = f"{len(seeds)} seeds ({seeds[0]}..{seeds[-1]})" if len(seeds) > 10 else f"seeds {seeds}"
     out = [f"{st['runs']} runs in {st['arms']} arms; {seeds}; states "
            + ", ".join(f"{k}: {v}" for k, v in st["states"].items()) + f"; {st['used_runs']} runs used in the statistics."]
-    out.append(_table(["factor", "config keys", "levels (reference first)", "reference"], varied, md) if varied
+    out.append((["factor", "config keys", "levels (reference first)", "reference"], varied) if varied
                else "Nothing varied except the seed (one arm).")
-    out.append(_table(["fixed setting", "value"], [[k, v] for k, v in st["key_fixed"].items()], md))
+    out.append((["fixed setting", "value"], [[k, v] for k, v in st["key_fixed"].items()]))
     if st["budget"]:
-        out.append(_table(["budget", "value"], [[k, _count(v)] for k, v in st["budget"].items()], md))
+        out.append((["budget", "value"], [[k, _count(v)] for k, v in st["budget"].items()]))
     return out
 
 
@@ -306,98 +342,96 @@ def band_lines(bands: list[dict]) -> list[str]:
 
 
 def html(rep, title: str, meta: dict) -> str:
-    p = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{H.escape(title)}</title>"
-         f"<style>{CSS}</style></head><body><h1>{H.escape(title)}</h1>",
-         f"<p class='meta'>metric: <b>{H.escape(rep.metric)}</b> (final value per run, {H.escape(rep.unit)}); "
-         f"x axis: {rep.x}; runs: {H.escape(', '.join(meta['paths']))}; generated {meta['generated']}</p>"]
+    """The report page: the blocks of each section, rendered by `templates/report.html.j2` (autoescaped)."""
+    sections: list[dict] = []
+    p: list[dict] = []
 
     def sec(key):
-        p.append(f"<h2 id='{key}'>{dict(SECTIONS)[key]}</h2>")
+        nonlocal p
+        p = []
+        sections.append({"id": key, "title": dict(SECTIONS)[key], "blocks": p})
 
     sec("headline")
     if rep.base_lines:
-        p.append("<p>Change from the base model (final minus step-0 evaluation of the same run):</p><ul class='headline'>"
-                 + "".join(f"<li>{H.escape(h)}</li>" for h in rep.base_lines) + "</ul>")
-    p.append("<ul class='headline'>" + "".join(f"<li>{H.escape(h)}</li>" for h in rep.headline) + "</ul>"
-             if rep.headline else "<p>No comparison: a single arm.</p>")
+        p.append(_para("Change from the base model (final minus step-0 evaluation of the same run):"))
+        p.append(_bullets(rep.base_lines, "headline"))
+    p.append(_bullets(rep.headline, "headline") if rep.headline else _para("No comparison: a single arm."))
     sec("setup")
-    p += [x if x.startswith("<") else f"<p>{H.escape(x)}</p>" for x in _setup_parts(rep)]
-    fixed_all = "".join(f"<tr><td>{H.escape(k)}</td><td>{H.escape(str(v))}</td></tr>" for k, v in rep.setup["fixed"].items())
-    p.append(f"<details><summary>every fixed config key</summary><table>{fixed_all}</table></details>")
-    p += [f"<p>{H.escape(line)}</p>" for line in band_lines(rep.bands)]
+    p += [_para(x) if isinstance(x, str) else _table(*x) for x in _setup_parts(rep)]
+    p.append(_table([], [[k, v] for k, v in rep.setup["fixed"].items()], summary="every fixed config key"))
+    p += [_para(line) for line in band_lines(rep.bands)]
     if "bands" in rep.figures:
-        p.append(f"<img alt='pass rates before and after the band' src='data:image/png;base64,{rep.figures['bands']}'>")
+        p.append(_figure("pass rates before and after the band", rep.figures["bands"]))
     sec("warnings")
-    p.append("<ul class='warn'>" + "".join(f"<li>{H.escape(w)}</li>" for w in rep.warnings) + "</ul>"
-             if rep.warnings else "<p>None.</p>")
+    p.append(_bullets(rep.warnings, "warn") if rep.warnings else _para("None."))
     sec("ranking")
-    p.append(f"<p class='meta'>{H.escape(_ci_note(rep))}</p>")
+    p.append(_para(_ci_note(rep), "meta"))
     p.append(_table(*_ranking_rows(rep)))
     sec("effects")
     if rep.effects is not None and len(rep.effects):
-        p.append(f"<p class='meta'>{H.escape(_ci_note(rep))}</p>")
+        p.append(_para(_ci_note(rep), "meta"))
         p.append(_table(*_effect_rows(rep)))
         if "forest" in rep.figures:
-            p.append(f"<img alt='effect forest plot' src='data:image/png;base64,{rep.figures['forest']}'>")
+            p.append(_figure("effect forest plot", rep.figures["forest"]))
     else:
-        p.append("<p>No factorial design (fewer than two levels varied).</p>")
+        p.append(_para("No factorial design (fewer than two levels varied)."))
     sec("scores")
     if rep.score_table is not None and len(rep.score_table):
-        p.append(f"<p class='meta'>{H.escape(SCORE_NOTE)}</p>")
+        p.append(_para(SCORE_NOTE, "meta"))
         p.append(_table(*_score_rows(rep)))
     sec("evalnoise")
     if rep.noise is not None and len(rep.noise):
-        p.append(f"<p class='meta'>{H.escape(NOISE_NOTE)}</p>")
+        p.append(_para(NOISE_NOTE, "meta"))
         p.append(_table(*_noise_rows(rep)))
         if len(rep.noise_contrasts):
             p.append(_table(*_noise_contrast_rows(rep)))
     else:
-        p.append("<p>No per-problem counts (eval_problems.jsonl): runs written before eval.repeats existed.</p>")
+        p.append(_para("No per-problem counts (eval_problems.jsonl): runs written before eval.repeats existed."))
     sec("scaling")
     if rep.scaling is not None and len(rep.scaling):
-        p.append(f"<p class='meta'>{H.escape(SCALING_NOTE)} x: {H.escape(rep.fit_x)}.</p>")
+        p.append(_para(f"{SCALING_NOTE} x: {rep.fit_x}.", "meta"))
         p.append(_table(*_scaling_rows(rep)))
         if "scaling" in rep.figures:
-            p.append(f"<img alt='compute scaling fit' src='data:image/png;base64,{rep.figures['scaling']}'>")
+            p.append(_figure("compute scaling fit", rep.figures["scaling"]))
     else:
-        p.append("<p>Not fitted (ablate report --fit tokens | samples | wall | steps).</p>")
+        p.append(_para("Not fitted (ablate report --fit tokens | samples | wall | steps)."))
     sec("curves")
     if "curves" in rep.figures:
-        p.append(f"<p class='meta'>{H.escape(rep.curves_caption)}</p>")
-        p.append(f"<img alt='training curves' src='data:image/png;base64,{rep.figures['curves']}'>")
+        p.append(_para(rep.curves_caption, "meta"))
+        p.append(_figure("training curves", rep.figures["curves"]))
     if rep.curves_notes:
-        p.append("<ul>" + "".join(f"<li>{H.escape(n)}</li>" for n in rep.curves_notes) + "</ul>")
+        p.append(_bullets(rep.curves_notes))
     sec("passk")
     if len(rep.passk):
-        p.append(f"<p class='meta'>{H.escape(PASSK_NOTE)}</p>")
+        p.append(_para(PASSK_NOTE, "meta"))
         p.append(_table(*_passk_rows(rep)))
     if "passk" in rep.figures:
-        p.append(f"<img alt='pass@k vs k' src='data:image/png;base64,{rep.figures['passk']}'>")
+        p.append(_figure("pass@k vs k", rep.figures["passk"]))
     elif not len(rep.passk):
-        p.append("<p>No pass@k evaluations logged.</p>")
+        p.append(_para("No pass@k evaluations logged."))
     if rep.tasks is not None and len(rep.tasks):
-        p.append("<h3>Per task (task mixture)</h3>")
+        p.append(_heading("Per task (task mixture)"))
         p.append(_table(*_task_rows(rep)))
     if rep.multitask is not None and len(rep.multitask):
-        p.append("<h3>Across tasks (rliable)</h3>")
-        p.append(f"<p class='meta'>{H.escape(MULTITASK_NOTE)}</p>")
+        p.append(_heading("Across tasks (rliable)"))
+        p.append(_para(MULTITASK_NOTE, "meta"))
         p.append(_table(*_multitask_rows(rep)))
         if "profiles" in rep.figures:
-            p.append(f"<img alt='performance profiles' src='data:image/png;base64,{rep.figures['profiles']}'>")
+            p.append(_figure("performance profiles", rep.figures["profiles"]))
     sec("diagnostics")
-    p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else "<p>No per-step metrics.</p>")
-    p.append("<p class='meta'>Entropy start / at 20% of steps / end; KL max and end; dead-group shares, truncation "
-             "over the last quarter of training; clip fractions over the whole run; mean over the arm's runs.</p>")
+    p.append(_table(*_diag_rows(rep)) if len(rep.diagnostics) else _para("No per-step metrics."))
+    p.append(_para("Entropy start / at 20% of steps / end; KL max and end; dead-group shares, truncation over the "
+                "last quarter of training; clip fractions over the whole run; mean over the arm's runs.", "meta"))
     sec("samples")
     for arm, rows in rep.samples.items():
-        p.append(f"<h3>{H.escape(arm)}</h3>")
+        p.append(_heading(arm))
         p.append(_table(*_sample_rows(rows, pre=True)))
     if not rep.samples:
-        p.append("<p>No samples.jsonl found.</p>")
+        p.append(_para("No samples.jsonl found."))
     sec("runs")
     p.append(_table(*_run_rows(rep)))
-    p.append("</body></html>")
-    return "\n".join(p)
+    return _template().render(title=title, metric=rep.metric, unit=rep.unit, x=rep.x, paths=", ".join(meta["paths"]),
+                              generated=meta["generated"], sections=sections)
 
 
 def _task_rows(rep):
@@ -430,30 +464,30 @@ def markdown(rep, title: str, meta: dict) -> str:
         p += ["Change from the base model (final minus step-0 evaluation of the same run):", ""]
         p += [f"- {h}" for h in rep.base_lines] + [""]
     p += ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
-    p += ["## Setup", ""] + [x + "\n" for x in _setup_parts(rep, md=True)] + [x + "\n" for x in band_lines(rep.bands)]
+    p += ["## Setup", ""] + [(x if isinstance(x, str) else _md_table(*x)) + "\n" for x in _setup_parts(rep)] + [x + "\n" for x in band_lines(rep.bands)]
     p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
-    p += ["## Ranking", "", _ci_note(rep), "", _table(*_ranking_rows(rep), md=True)]
+    p += ["## Ranking", "", _ci_note(rep), "", _md_table(*_ranking_rows(rep))]
     p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])
-    p += [_table(*_effect_rows(rep), md=True)] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
+    p += [_md_table(*_effect_rows(rep))] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
     if rep.score_table is not None and len(rep.score_table):
-        p += ["## Scores", "", SCORE_NOTE, "", _table(*_score_rows(rep), md=True)]
+        p += ["## Scores", "", SCORE_NOTE, "", _md_table(*_score_rows(rep))]
     if rep.noise is not None and len(rep.noise):
-        p += ["## Eval noise", "", NOISE_NOTE, "", _table(*_noise_rows(rep), md=True)]
+        p += ["## Eval noise", "", NOISE_NOTE, "", _md_table(*_noise_rows(rep))]
         if len(rep.noise_contrasts):
-            p += [_table(*_noise_contrast_rows(rep), md=True)]
+            p += [_md_table(*_noise_contrast_rows(rep))]
     if rep.scaling is not None and len(rep.scaling):
-        p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _table(*_scaling_rows(rep), md=True)]
+        p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _md_table(*_scaling_rows(rep))]
     if len(rep.passk):
-        p += ["## pass@k", "", PASSK_NOTE, "", _table(*_passk_rows(rep), md=True)]
+        p += ["## pass@k", "", PASSK_NOTE, "", _md_table(*_passk_rows(rep))]
     if rep.tasks is not None and len(rep.tasks):
-        p += ["### Per task (task mixture)", "", _table(*_task_rows(rep), md=True)]
+        p += ["### Per task (task mixture)", "", _md_table(*_task_rows(rep))]
     if rep.multitask is not None and len(rep.multitask):
-        p += ["### Across tasks (rliable)", "", MULTITASK_NOTE, "", _table(*_multitask_rows(rep), md=True)]
+        p += ["### Across tasks (rliable)", "", MULTITASK_NOTE, "", _md_table(*_multitask_rows(rep))]
     if len(rep.diagnostics):
-        p += ["## Diagnostics", "", _table(*_diag_rows(rep), md=True)]
+        p += ["## Diagnostics", "", _md_table(*_diag_rows(rep))]
     if rep.samples:
         p += ["## Samples", ""]
         for arm, rows in rep.samples.items():
-            p += [f"### {arm}", "", _table(*_sample_rows(rows), md=True)]
-    p += ["## Runs", "", _table(*_run_rows(rep), md=True)]
+            p += [f"### {arm}", "", _md_table(*_sample_rows(rows))]
+    p += ["## Runs", "", _md_table(*_run_rows(rep))]
     return "\n".join(p)

@@ -104,6 +104,12 @@ def write_run(run_dir: Path, config: dict, final: float, steps: int, rng: np.ran
     (run_dir / "status.json").write_text(json.dumps(status))
 
 
+def run_name(combo: int, seed: int) -> str:
+    """The run id (and folder) of a grid cell and seed in a run id's format (12 hex digits): `c00003d00001` is
+    combination 3, seed 1."""
+    return f"c{combo:05d}d{seed:05d}"
+
+
 def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, interactions: dict | None = None,
                 base: float = 0.5, seed_sd: float = 0.02, noise: float = 0.0, steps: int = 100, eval_every: int = 25,
                 manifest: bool = True, name: str = "synthetic", fail: tuple = (), rng_seed: int = 0,
@@ -126,7 +132,7 @@ def write_sweep(root, grid: dict, seeds=range(3), effects: dict | None = None, i
         for s in seeds:
             flat = {"task.name": "synthetic", "model.path": "none", "steps": steps, "seed": s,
                     "recipe.group_size": 8, "recipe.kl_coef": 0.04, "optim.lr": 1e-6, **dict(zip(keys, combo))}
-            rid = f"r{ci:03d}s{s}"
+            rid = run_name(ci, s)
             cfg = {"run_id": rid, **_nest(flat)}
             failed = (ci, s) in fail
             d = root / rid

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ablate.cli.options import Command, ConfigArg, Quiet, fail, new_app
+from ablate.cli.options import Command, ConfigArg, Quiet, check_output, fail, new_app, preflight_runs
 
 app = new_app("Ablation studies of RLVR recipes.")
 
@@ -29,20 +29,6 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Ablation studies of RLVR recipes."""
 
 
-def out_problem(out: Path, flag: str) -> str | None:
-    """Why `out` cannot be a folder to write into (empty, a file, not writable, a sweep root), or None."""
-    if str(out).strip() in ("", "."):
-        return f"{flag} {str(out)!r}: give a folder (an empty value would write into the current folder)"
-    if out.exists() and not out.is_dir():
-        return f"{flag} {out}: is a file, not a folder"
-    if (out / "manifest.json").exists() and flag == "--out":
-        return f"{flag} {out}: is a sweep's runs root (holds manifest.json); a run goes into a folder of its own"
-    parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag} {out}: {parent} is not writable"
-    return None
-
-
 @app.command(cls=Command)
 def train(
     config: ConfigArg,
@@ -59,18 +45,19 @@ def train(
     """Train one run; resumes if DIR holds a checkpoint of the same config."""
     from ablate.config import ConfigError, load, run_id
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         cfg = load(config, set_)
     except ConfigError as err:
         fail(str(err))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ablate.runs.store import RunFolderError
+    preflight_runs([cfg], config)
+    from ablate.runs.store import SPACE_ERRORS, RunFolderError, RunStore
     from ablate.train.trainer import train as run_train
 
     out = out or Path("runs") / run_id(cfg)
-    problem = out_problem(out, "--out")
-    if problem:
-        fail(f"{problem}")
+    check_output(out, "--out")
+    if (out / "manifest.json").exists():
+        fail(f"--out {out}: is a sweep's runs root (holds manifest.json); a run goes into a folder of its own")
     if nproc < 1:
         fail(f"--nproc {nproc}: give the number of ranks, >= 1")
     if extend_to is not None:
@@ -84,6 +71,7 @@ def train(
     from ablate.train.preemption import Stopped, stop_reason
 
     try:
+        RunStore(out).check_free()  # another process trains this folder: refused at once (as every rank would be)
         if nproc > 1:  # N local ranks, each running run_train (docs/scale.md)
             from ablate.train.distributed import RanksFailed, launch
             try:
@@ -97,9 +85,9 @@ def train(
         fail(f"{f'{config}: ' if isinstance(err, ConfigError) else ''}{err}")
     except (Stopped, KeyboardInterrupt) as err:  # the run folder says `cancelled` and why
         typer.echo(f"cancelled: {out} ({stop_reason(err)}); the same command resumes it", err=True)
-        raise typer.Exit(143 if isinstance(err, Stopped) else 130) from None
+        raise typer.Exit(128 + (err.signum if isinstance(err, Stopped) else 2)) from None  # 143, 129, 130
     except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if err.errno not in SPACE_ERRORS:
             raise
         typer.secho(f"error: {err.strerror} writing {err.filename or out}; the run is marked failed in "
                     f"{out}/status.json (free space, then the same command resumes it)", fg="red", err=True)
@@ -117,6 +105,7 @@ def export_cmd(
     from ablate.config import ConfigError
     from ablate.runs.store import RunFolderError
 
+    check_output(out, "--out")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ablate.train.export import export
 
@@ -144,6 +133,7 @@ def base_model(
         return tool_model_cli(str(out), seed)
     from ablate.train.models import base_model_cli
 
+    check_output(out, "--out")
     base_model_cli(str(out), seed)
 
 
@@ -160,14 +150,17 @@ def difficulty(
     after `task.pass_rate_band`."""
     from ablate.config import ConfigError, load
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         cfg = load(config, set_)
     except ConfigError as err:
         fail(f"{err}")
+    preflight_runs([dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, pass_rate_band=()))], config)
     if n is not None and n < 1 or temperature is not None and temperature <= 0:
         fail("--n must be >= 1 and --temperature > 0")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ablate.train.difficulty import band_defaults, estimate, histogram
+    from ablate.train.difficulty import band_defaults, cache_root, estimate, histogram
+
+    check_output(cache_root(), "ABLATE_CACHE")  # where the pass rates are cached
 
     n0, t0 = band_defaults(cfg)
     rates, path = estimate(cfg, n or n0, temperature or t0, progress=not quiet)

@@ -3,6 +3,7 @@ types that several commands take, and `fail` (a user's mistake: one red line, ex
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -45,7 +46,8 @@ def fail(message: str) -> NoReturn:
 
 def runs_root_problem(out: Path, where: str) -> str | None:
     """Why `out` cannot be a sweep's or a search's runs root, or None: it must name a folder of its own, not
-    the working folder or one above it (its manifest and run folders would land among the user's files)."""
+    the working folder or one above it (its manifest and run folders would land among the user's files).
+    Whether it can be written at all is `output_problem`'s question, as for every path a command writes."""
     from ablate.schema import PathName
 
     if not PathName().ok(str(out)):
@@ -53,9 +55,54 @@ def runs_root_problem(out: Path, where: str) -> str | None:
     here, path = Path.cwd().resolve(), out.resolve()
     if path == here or path in here.parents:
         return f"{where}: {out} is the working folder or a folder above it; give a folder of its own (e.g. runs/NAME)"
-    if path.exists() and not path.is_dir():
-        return f"{where}: {out} is a file, not a folder"
+    return None  # a file in its place, or a folder that cannot be written: check_output
+
+
+def preflight_runs(configs, source: Path) -> None:
+    """Every file the runs read (data rows, model, tokenizer, chat template, verifier), read and checked
+    before anything is submitted or written; each distinct file once. Exit 2 naming `file:line`."""
+    from ablate.train.preflight import PreflightError, check_runs
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        check_runs(configs, str(source))
+    except PreflightError as err:
+        fail(str(err))
+
+
+def output_problem(path: Path, folder: bool = True) -> str | None:
+    """Why the CLI cannot write `path` (a folder to write into, or a file to write), or None: an empty value,
+    a file where a folder is meant or the reverse, an ancestor that is a file, a folder that is not writable."""
+    if str(path).strip() in ("", "."):
+        return "give a folder (an empty value would write into the current folder)" if folder else "give a file name"
+    if folder and path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    if not folder and path.is_dir():
+        return "is a folder, not a file"
+    existing = next((p for p in path.parents if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    target = path if folder and path.is_dir() else existing
+    if not os.access(target, os.W_OK | os.X_OK):
+        return f"{target} is not writable"
     return None
+
+
+def check_output(path: Path, flag: str, folder: bool = True) -> None:
+    """Every path a command writes is checked here, before anything is written: exit 2 naming `flag` (the
+    option, or the spec file and its key) and the path."""
+    problem = output_problem(Path(path), folder)
+    if problem:
+        fail(f"{flag} {path}: {problem}")
+
+
+def check_runs_root(out: Path, flag: str) -> None:
+    """A sweep's or a search's runs root (`flag`: `--out`, or `SPEC: out:`): a folder of its own
+    (`runs_root_problem`) that the CLI can write (`check_output`); exit 2 otherwise."""
+    problem = runs_root_problem(out, flag.rstrip(":"))
+    if problem:
+        fail(problem)
+    check_output(out, flag)
 
 
 def check_choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from ablate.cli.options import Command, fail, new_app
+from ablate.cli.options import Command, check_output, fail, new_app
 
 report_app = new_app("Ablation report (HTML + Markdown) from run folders.")
 
@@ -52,6 +52,8 @@ def report(
     if missing:
         fail(f"no such folder: {', '.join(missing)}")
     out = out or Path("reports") / f"{runs[0].resolve().name}.html"
+    for path in (out, out.with_suffix(".md")):  # the HTML report and the Markdown summary beside it
+        check_output(path, "-o/--out", folder=False)
     try:
         rep = build_report(runs, out, metric=metric, x=x, reps=reps, seed=seed, title=title, ci_method=ci,
                            adjust=adjust, mde=mde, score=score, last_k=last_k, fit=fit)

@@ -20,9 +20,11 @@ from ablate.cli.options import (
     SweepSpec,
     Wide,
     check_choice,
+    check_output,
+    check_runs_root,
     fail,
     new_app,
-    runs_root_problem,
+    preflight_runs,
     short_keys,
     table_width,
     text_table,
@@ -45,10 +47,9 @@ def _load(spec: Path, out: Path | None = None):
         fail(str(err))
     for w in caught:
         typer.secho(f"warning: {w.message}", fg="yellow", err=True)
-    problem = runs_root_problem(out if out is not None else sweep.out, "--out" if out is not None else f"{spec}: out")
-    if problem:
-        fail(problem)
     sweep.out = out if out is not None else sweep.out
+    check_runs_root(sweep.out, "--out" if out is not None else f"{spec}: out:")
+    preflight_runs([r.config for r in runs], spec)
     return sweep, runs
 
 
@@ -177,10 +178,12 @@ def status(runs_dir: RunsDir, as_json: AsJson = False, wide: Wide = False):
 def cancel(runs_dir: RunsDir):
     """Stop the sweep's active jobs and mark every unfinished run `cancelled`."""
     from ablate.experiments.launch import cancel as do_cancel
+    from ablate.experiments.sweep import SpecError
+    from ablate.runs.store import RunFolderError
 
     try:
         ids = do_cancel(runs_dir)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, SpecError, RunFolderError) as err:
         fail(str(err))
     console.print(f"cancelled {len(ids)} run(s)")
 # --- live view (local executor) ----------------------------------------------------------------------
@@ -260,6 +263,8 @@ def extend(spec: SweepSpec,
     from ablate.experiments.sweep import read_spec_file
 
     sweep, runs = _load(spec, out)
+    path = spec.with_suffix(".extend.yaml") if not spec.name.endswith(".extend.yaml") else spec
+    check_output(path, "the extended spec", folder=False)
     if step < 1 or max_seeds < 2:
         fail("--step must be >= 1 and --max-seeds >= 2")
     if not Path(sweep.out).exists():
@@ -284,7 +289,6 @@ def extend(spec: SweepSpec,
     base = raw.get("base") or {}
     if isinstance(base, dict) and base.get("config"):   # keep base.config valid next to the new file
         raw["base"] = {**base, "config": str((spec.parent / base["config"]).resolve())}
-    path = spec.with_suffix(".extend.yaml") if not spec.name.endswith(".extend.yaml") else spec
     path.write_text(f"# {spec.name} extended to {d['next_seeds']} seeds: {d['why']} (ablate sweep extend)\n"
                     + yaml.safe_dump(raw, sort_keys=False))
     typer.echo(f"wrote {path} (+{len(extra)} seeds: {extra})\n  ablate sweep run {path}\n  "

@@ -27,9 +27,11 @@ from ablate.cli.options import (
     SearchSpec,
     Wide,
     check_choice,
+    check_output,
+    check_runs_root,
     fail,
     new_app,
-    runs_root_problem,
+    preflight_runs,
     short_keys,
     table_width,
     text_table,
@@ -202,17 +204,29 @@ def _load(spec: Path, out: Path | None, storage: str | None):
     """A bad spec exits 2 with the message (file and key) before any study or trial exists."""
     from ablate.experiments.search import SpecError, load_search
 
-    problem = runs_root_problem(out, "--out") if out is not None else None
-    if problem:
-        fail(problem)
+    if out is not None:
+        check_runs_root(out, "--out")
     try:
         s = load_search(spec, out, storage)
     except SpecError as err:
         fail(str(err))
-    problem = runs_root_problem(s.out, f"{spec}: out")
-    if problem:
-        fail(problem)
+    check_runs_root(s.out, f"{spec}: out:")
     return s
+
+
+def _preflight_configs(s) -> list:
+    """The configs whose files the trials read: the base config, and the base with each categorical choice
+    (a searched `model.path` or `task.path` is read before any trial starts); floats and ints read no file."""
+    from ablate.experiments.search import SpecError, trial_runs
+
+    configs = [r.config for r in trial_runs(s, {})]
+    for p in s.params:
+        for choice in p.choices:
+            try:
+                configs += [r.config for r in trial_runs(s, {p.key: choice})]
+            except SpecError:  # a choice valid only with other keys (`when`): its trial is validated then
+                pass
+    return configs
 
 
 Storage = typer.Option(None, "--storage", metavar="URL", help="sqlite:///PATH | journal:PATH | postgresql://... "
@@ -231,7 +245,7 @@ def run(spec: SearchSpec,
     """Create (or resume) the study and run its workers until the trial budget is used."""
     check_choice("--executor", executor, ("local", "slurm", "inline"))
     s = _load(spec, out, storage)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    preflight_runs(_preflight_configs(s), spec)
     jobs = launch(s, executor, workers, profile)
     if (executor or s.executor["name"]) == "slurm":
         console.print(f"submitted {len(jobs)} workers: SLURM array {jobs[0].job_id.split('_')[0]} -> {s.out}")
@@ -305,6 +319,8 @@ def confirm(spec: SearchSpec,
     if top < 1 or seeds < 2:
         fail("--top must be >= 1 and --seeds >= 2 (an interval needs two seeds)")
     s = _load(spec, out, storage)
+    path = spec.parent / f"{s.name}_confirm.yaml"
+    check_output(path, "the confirmation spec", folder=False)
     try:
         trials = summary(s)["trials"]
     except KeyError as err:
@@ -312,7 +328,6 @@ def confirm(spec: SearchSpec,
     body = confirm_spec(s, trials, top, seeds)
     if len(body["arms"]) == 1:
         fail(f"study {s.name!r} has no completed trial to confirm")
-    path = spec.parent / f"{s.name}_confirm.yaml"
     path.write_text(f"# {len(body['arms']) - 1} best trials of {s.name} and the baseline on fresh seeds "
                     f"(ablate tune confirm)\n" + yaml.safe_dump(body, sort_keys=False))
     typer.echo(f"wrote {path}\n  ablate sweep run {path}\n  ablate report {body['out']} --metric {s.metric}")

@@ -29,11 +29,11 @@ from typing import Annotated, Any
 
 import submitit
 
+from ablate.experiments.manifest import MANIFEST, manifest_for, read_manifest, record, write_manifest
 from ablate.experiments.sweep import RunSpec, SpecError, Sweep
 from ablate.runs.store import RunStore, atomic_write
 from ablate.schema import Count, Line, Natural, NonEmptyLine, Text, parse_section
 
-MANIFEST = "manifest.json"
 SKIP = ("completed", "diverged", "pruned")        # finished: never resubmitted
 RESUBMIT = ("failed", "cancelled", "missing")
 ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "PREEMPTED")
@@ -179,47 +179,6 @@ def _importable() -> None:
     root, paths = str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")
     if root not in paths.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, paths]))
-
-
-# --- manifest ----------------------------------------------------------------------------------------
-
-def read_manifest(out: str | Path) -> dict | None:
-    p = Path(out) / MANIFEST
-    if not p.exists():
-        return None
-    try:
-        m = json.loads(p.read_text())
-    except (ValueError, OSError) as err:
-        raise SpecError(f"{p}: unreadable sweep manifest ({err}); move it aside and rerun `ablate sweep run` "
-                        f"(run folders are the source of truth: finished runs are kept)") from None
-    if not isinstance(m, dict) or not isinstance(m.get("runs"), dict):
-        raise SpecError(f"{p}: not a sweep manifest (expected a mapping with `runs`)")
-    return m
-
-
-def write_manifest(out: Path, manifest: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    manifest["updated"] = time.time()
-    atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-
-
-def _manifest_for(sweep: Sweep, runs: list[RunSpec]) -> dict:
-    """The manifest with `runs` (the spec's whole expansion) as its current runs. Entries of earlier
-    expansions (an edited spec, or a config field added by a newer ablate: new content hashes) are kept,
-    marked `current: false`: their folders stay on disk, and status and reports leave them out."""
-    m = read_manifest(sweep.out) or {"name": sweep.name, "created": time.time(), "runs": {}}
-    m.update(spec_path=sweep.source, spec=sweep.raw)
-    for entry in m["runs"].values():
-        entry["current"] = False
-    for r in runs:
-        entry = m["runs"].setdefault(r.run_id, {"jobs": []})
-        entry.update(arm=r.arm, seed=r.seed, toggles=r.toggles, steps=r.config.steps, current=True)
-    return m
-
-
-def _record(m: dict, run_id: str, executor: str, job_id: str, folder: Path, out: Path) -> None:
-    m["runs"][run_id]["jobs"].append({"executor": executor, "job_id": str(job_id), "submitted": time.time(),
-                                      "folder": os.path.relpath(folder, out)})
 
 
 # --- scheduler state ---------------------------------------------------------------------------------
@@ -449,7 +408,7 @@ def launch(sweep: Sweep, runs: list[RunSpec], executor: str | None = None, profi
     if other is not None and other.get("name") not in (None, sweep.name):
         raise SpecError(f"{sweep.source}: out: {out} is the runs root of another sweep ({other.get('name')!r}); "
                         f"refusing to mark its runs stale (pick another --out)")
-    m = _manifest_for(sweep, runs)
+    m = manifest_for(sweep, runs)
     now = {r["run_id"]: r["state"] for r in (sweep_status(out) if (out / MANIFEST).exists() else [])}
     todo = [r for r in runs if now.get(r.run_id, "missing") in RESUBMIT]
     result = {"submitted": [r.run_id for r in todo], "skipped": [r.run_id for r in runs if now.get(r.run_id) in SKIP],
@@ -515,7 +474,7 @@ def _submit_slurm(sweep: Sweep, todo: list[RunSpec], m: dict, folder: Path, sett
         raise SpecError(f"{where}: sbatch refused the job array of {len(todo)} run(s)"
                         f"{f' (partition {part!r})' if part else ''}; nothing submitted:\n{str(err).strip()}") from None
     for r, job in zip(todo, jobs):
-        _record(m, r.run_id, "slurm", job.job_id, folder, sweep.out)
+        record(m, r.run_id, "slurm", job.job_id, folder, sweep.out)
     write_manifest(sweep.out, m)
 
 
@@ -525,7 +484,7 @@ def _run_debug(out: Path, todo: list[RunSpec], m: dict, folder: Path) -> None:
     ex = submitit.DebugExecutor(folder=folder)
     for r in todo:  # in this process, one after another: breakpoints work; errors open a post-mortem
         job = ex.submit(TrainJob(to_dict(r.config), str(out / r.run_id)))
-        _record(m, r.run_id, "debug", job.job_id, folder, out)
+        record(m, r.run_id, "debug", job.job_id, folder, out)
         write_manifest(out, m)
         with contextlib.suppress(Exception):  # the run store holds the traceback
             job.result()
@@ -569,7 +528,7 @@ def _run_local(out: Path, todo: list[RunSpec], m: dict, folder: Path, settings: 
                     if st.get("state") == "cancelled" and st.get("updated", 0) > started:
                         continue  # cancelled by `ablate sweep cancel` while waiting
                     job = ex.submit(TrainJob(to_dict(r.config), str(out / r.run_id), threads))
-                    _record(m, r.run_id, "local", job.job_id, folder, out)
+                    record(m, r.run_id, "local", job.job_id, folder, out)
                     write_manifest(out, m)
                     active[r.run_id] = job
                 for rid, job in list(active.items()):
@@ -603,9 +562,9 @@ def _worker_pid_of(out: Path, m: dict, run_id: str) -> int | None:
     info = out / jobs[-1]["folder"] / f"{jobs[-1]['job_id']}_worker.json"
     try:
         pid = json.loads(info.read_text())["pid"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return pid if _pid_is_submitit(pid) else None
+    return pid if type(pid) is int and pid > 1 and _pid_is_submitit(pid) else None
 
 
 def _mark_cancelled(run_dir: Path) -> None:

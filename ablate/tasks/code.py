@@ -9,7 +9,6 @@ when all pass (`all`). The code is never run in this process: see `ablate.tasks.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from ablate.config import TaskConfig
 from ablate.tasks import chat_prompt
 from ablate.tasks.arithmetic import is_heldout
-from ablate.tasks.base import Problem, Split
+from ablate.tasks.base import DataError, Problem, Split, json_rows, read_rows_once
 from ablate.tasks.sandbox import Limits, require, run_many
 
 _FENCE = re.compile(r"```(\w*)[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
@@ -42,29 +41,22 @@ def as_tests(tests) -> tuple[str, ...]:
     return tuple(tests)
 
 
-def read_rows(path: str | Path) -> list[tuple[int, str, tuple[str, ...], str]]:
-    """(line number, prompt, tests, entry point) per non-blank line; ValueError naming file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+def read_rows(path: str | Path) -> tuple[tuple[int, str, tuple[str, ...], str], ...]:
+    """(line number, prompt, tests, entry point) per non-blank line, parsed once per version of the file;
+    DataError naming the file and the line."""
+    return read_rows_once(path, _parse_rows)
+
+
+def _parse_rows(path: Path) -> list[tuple[int, str, tuple[str, ...], str]]:
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: bad JSON: {e.msg}") from None
-        if not isinstance(row, dict) or any(k not in row for k in ("prompt", "tests", "entry_point")):
-            raise ValueError(f"{path}:{n}: expected an object with 'prompt', 'tests' and 'entry_point'")
+    for n, row in json_rows(path, ("prompt", "tests", "entry_point")):
         tests = row["tests"]
         if not (isinstance(tests, str) or isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests)):
-            raise ValueError(f"{path}:{n}: 'tests' must be a string or a non-empty list of strings")
-        if not isinstance(row["prompt"], str) or not str(row["entry_point"]).isidentifier():
-            raise ValueError(f"{path}:{n}: 'prompt' must be a string and 'entry_point' a Python identifier")
+            raise DataError(path, n, "'tests' must be a string or a non-empty list of strings")
+        if not isinstance(row["prompt"], str) or not isinstance(row["entry_point"], str) \
+                or not row["entry_point"].isidentifier():
+            raise DataError(path, n, "'prompt' must be a string and 'entry_point' a Python identifier")
         rows.append((n, row["prompt"], as_tests(tests), row["entry_point"]))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
     return rows
 
 
@@ -142,8 +134,8 @@ class CodeTask:
             heldout_rows = read_rows(cfg.heldout_path) if cfg.heldout_path else None
             if heldout_rows is None:
                 if len(rows) < 2:
-                    raise ValueError(f"{cfg.path}: need at least 2 rows to split off a held-out set")
-                rows = rows[:]
+                    raise DataError(cfg.path, None, "need at least 2 rows to split off a held-out set")
+                rows = list(rows)
                 random.Random(cfg.seed).shuffle(rows)
                 n_heldout = max(1, min(cfg.num_heldout, len(rows) // 10))
                 rows, heldout_rows = rows[:-n_heldout], rows[-n_heldout:]

@@ -3,40 +3,28 @@
 from __future__ import annotations
 
 import functools
-import json
 import random
 import re
 from pathlib import Path
 
 from ablate.config import TaskConfig
 from ablate.tasks import chat_prompt, extract_boxed, extract_tagged
-from ablate.tasks.base import Problem, Split
+from ablate.tasks.base import DataError, Problem, Split, json_rows, read_rows_once
 
 
-def read_rows(path: str | Path) -> list[tuple[int, str, str]]:
-    """(line number, prompt, answer) for each non-blank line; ValueError naming file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+def read_rows(path: str | Path) -> tuple[tuple[int, str, str], ...]:
+    """(line number, prompt, answer) for each non-blank line, parsed once per version of the file;
+    DataError naming the file and the line (the preflight and the task read it through here alike)."""
+    return read_rows_once(path, _parse_rows)
+
+
+def _parse_rows(path: Path) -> list[tuple[int, str, str]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: bad JSON: {e.msg}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected an object with 'prompt' and 'answer'")
-            for key in ("prompt", "answer"):
-                if key not in row:
-                    raise ValueError(f"{path}:{n}: missing key {key!r}")
-            if not isinstance(row["prompt"], str) or not isinstance(row["answer"], (str, int, float)):
-                raise ValueError(f"{path}:{n}: 'prompt' must be a string and 'answer' a string or number")
-            rows.append((n, row["prompt"], str(row["answer"])))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
+    for n, row in json_rows(path, ("prompt", "answer")):
+        if not isinstance(row["prompt"], str) or isinstance(row["answer"], bool) \
+                or not isinstance(row["answer"], (str, int, float)):
+            raise DataError(path, n, "'prompt' must be a string and 'answer' a string or number")
+        rows.append((n, row["prompt"], str(row["answer"])))
     return rows
 
 
@@ -73,8 +61,8 @@ class JsonlTask:
             train_rows, heldout_rows = rows, read_rows(cfg.heldout_path)
         else:
             if len(rows) < 2:
-                raise ValueError(f"{cfg.path}: need at least 2 rows to split off a held-out set")
-            rows = rows[:]
+                raise DataError(cfg.path, None, "need at least 2 rows to split off a held-out set")
+            rows = list(rows)
             random.Random(cfg.seed).shuffle(rows)
             n_heldout = max(1, min(cfg.num_heldout, len(rows) // 10))  # ~10%, at most num_heldout
             train_rows, heldout_rows = rows[:-n_heldout], rows[-n_heldout:]
@@ -87,7 +75,7 @@ class JsonlTask:
                 seen.add(row[1])
                 kept.append(row)
         if not kept:
-            raise ValueError(f"{cfg.heldout_path or cfg.path}: every held-out prompt is also in train")
+            raise DataError(cfg.heldout_path or cfg.path, None, "every held-out prompt is also in train")
 
         # Ids carry the line number in the source file, for tracing a logged problem back.
         self._problems: dict[str, list[Problem]] = {

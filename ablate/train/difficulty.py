@@ -33,8 +33,11 @@ def cache_path(cfg: RunConfig, n: int, temperature: float) -> Path:
 def _cache_file(model: str, task: dict, n: int, temperature: float) -> Path:
     task = {k: v for k, v in task.items() if k != "pass_rate_band"}
     blob = json.dumps({"model": model, "task": task, "n": n, "temperature": float(temperature)}, sort_keys=True)
-    root = Path(os.environ.get("ABLATE_CACHE", ".cache/ablate"))
-    return root / "difficulty" / f"{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+    return cache_root() / "difficulty" / f"{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ABLATE_CACHE", ".cache/ablate"))
 
 
 def band_cache_of(config: dict) -> Path:
@@ -124,7 +127,16 @@ def band_filter(cfg: RunConfig, problems: list[Problem]) -> list[Problem]:
         raise ValueError(f"task.pass_rate_band needs the pass rates of {cfg.model.path} (n={n}, temperature="
                          f"{temperature}): run `ablate difficulty CONFIG` first (expected {path})")
     lo, hi = cfg.task.pass_rate_band
-    kept = in_band(problems, json.loads(path.read_text())["rates"], lo, hi)
+    try:
+        rates = json.loads(path.read_text())["rates"]
+        unknown = next((p.id for p in problems if not isinstance(rates.get(p.id), (int, float))), None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: not a pass-rate cache of `ablate difficulty` ({type(err).__name__}: {err}); "
+                         f"delete it and run `ablate difficulty CONFIG` again") from None
+    if unknown is not None:
+        raise ValueError(f"{path}: no pass rate of training problem {unknown!r} (a cache of other problems); "
+                         f"delete it and run `ablate difficulty CONFIG` again")
+    kept = in_band(problems, rates, lo, hi)
     if not kept:
         raise ValueError(f"task.pass_rate_band [{lo}, {hi}] keeps no training problem ({path})")
     return kept

@@ -302,6 +302,9 @@ class FollowerStore(RunStore):
     def save_checkpoint(self, state: dict, run: str | None = None) -> None:
         pass
 
+    def lock(self) -> None:  # rank 0 holds the run folder for the run
+        pass
+
 
 def open_store(root: str) -> RunStore:
     return RunStore(root) if is_main() else FollowerStore(root)
@@ -416,6 +419,8 @@ def launch(nproc: int, jobs: list[tuple[Any, str]], should_prune: Callable[[int,
     except RanksFailed as err:
         for _, out in jobs:  # in order: the first one not ended for good is the one that was training
             store = RunStore(out)
+            if store.holder() is not None:  # held by another process (our ranks are gone): not ours to mark
+                break
             status = store.status()
             if status is not None and status["state"] in ("running", "failed", "cancelled"):
                 own = [status["error"].rstrip()] if status["state"] != "running" and status["error"] else []

@@ -132,13 +132,19 @@ def _deliver() -> None:
             raise SystemExit(0)
 
 
-# --- stop requests: SIGTERM, Ctrl-C, a dead launcher -------------------------------------------------
+# --- stop requests: SIGTERM, SIGHUP, Ctrl-C, a dead launcher ---------------------------------------------
 
 class Stopped(BaseException):
-    """The process was asked to stop (SIGTERM); like KeyboardInterrupt, not an error of the run: the
-    trainer ends it `cancelled`, naming the reason, and re-raises."""
+    """The process was asked to stop (SIGTERM, SIGHUP); like KeyboardInterrupt, not an error of the run: the
+    trainer ends it `cancelled`, naming the reason, and re-raises. `signum`: the signal (exit 128 + signum)."""
+
+    def __init__(self, reason: str, signum: int = signal.SIGTERM):
+        super().__init__(reason)
+        self.signum = int(signum)
 
 
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM (kill, timeout, or the container or job being stopped)",
+                signal.SIGHUP: "SIGHUP (the terminal or SSH session that started it was closed)"}
 _stop_reason: str | None = None
 
 
@@ -159,20 +165,21 @@ def request_stop(reason: str) -> None:
 
 
 @contextmanager
-def stop_on_sigterm():
-    """While the trainer runs, SIGTERM raises Stopped in the main thread (by default SIGTERM ends the process
-    on the spot and status.json stays `running`). A SIGTERM handler someone else installed is left alone
-    (submitit's workers ignore SIGTERM on purpose: SLURM's SIGKILL follows)."""
-    prev = signal.getsignal(signal.SIGTERM)
-    active = prev == signal.SIG_DFL and threading.current_thread() is threading.main_thread()
-
+def stop_on_signals():
+    """While the trainer runs, SIGTERM and SIGHUP raise Stopped in the main thread (by default either ends
+    the process on the spot and status.json stays `running`). A handler someone else installed is left
+    alone: submitit's workers ignore SIGTERM on purpose (SLURM's SIGKILL follows), and `nohup` ignores
+    SIGHUP so that the run outlives its terminal."""
     def stop(signum, frame):
-        raise Stopped("stopped by SIGTERM (kill, timeout, or the container or job being stopped)")
+        raise Stopped(f"stopped by {STOP_SIGNALS[signum]}", signum)
 
-    if active:
-        signal.signal(signal.SIGTERM, stop)
+    main = threading.current_thread() is threading.main_thread()
+    prev = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    ours = [sig for sig, handler in prev.items() if handler == signal.SIG_DFL and main]
+    for sig in ours:
+        signal.signal(sig, stop)
     try:
         yield
     finally:
-        if active:
-            signal.signal(signal.SIGTERM, prev)
+        for sig in ours:
+            signal.signal(sig, prev[sig])

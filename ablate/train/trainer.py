@@ -34,7 +34,7 @@ from ablate.runs.store import RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_train
-from ablate.train import distributed, episodes, execution, offpolicy, preemption, recipes, sharding
+from ablate.train import distributed, episodes, execution, offpolicy, preemption, preflight, recipes, sharding
 from ablate.train.critic import Critic, build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
@@ -133,8 +133,9 @@ def set_up(cfg: RunConfig, device: torch.device) -> Run:
 
 def resume(run: Run, store: RunStore) -> bool:
     """Restore the run from its checkpoint, everything, and forget what was logged after it (True); or start
-    it afresh with an empty log (False)."""
-    ckpt = store.load_checkpoint(run_id(run.cfg))
+    it afresh with an empty log (False). A log that lost rows of the checkpoint's steps (a torn tail) starts
+    afresh too, so that each step is logged once."""
+    ckpt = store.load_checkpoint(run_id(run.cfg)) if distributed.on_main(store.logs_cover_checkpoint) else None
     if ckpt is None:
         store.truncate_after(-1)
         return False
@@ -477,10 +478,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
     state: completed, diverged, pruned or failed (failed also re-raises; so does cancelled, by
     SIGTERM or Ctrl-C). `should_prune(step, eval_row)`
     is asked after every held-out evaluation (Optuna's report/should_prune); True stops the run as pruned."""
-    if cfg.rollout.engine == "vllm":  # installed, and the task's prompts fit the model: before any write
-        from ablate.train import vllm_engine
-
-        vllm_engine.preflight(cfg)
+    preflight.check(cfg)  # every file the run reads (the vLLM engine's fit too), before the run folder is written
     # WORLD_SIZE > 1: in the process group, left on every way out (a group alive at exit can abort the process)
     with distributed.process_group(resolve_device(cfg.device), cfg.compute.collective_timeout_s):
         return _train_folder(cfg, out_dir, progress, should_prune)
@@ -496,8 +494,11 @@ def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) ->
         sampler = vllm_engine.provenance()
     store = distributed.open_store(out_dir)  # rank 0 writes the run folder; the other ranks only read it
     store.claim(run_id(cfg))  # another run's folder, unknown run files or a foreign checkpoint: RunFolderError
+    with distributed.failing_together():
+        store.lock()  # one writer: rank 0 holds the folder for the run's life (RunFolderError names the holder)
     status = store.status()
     if status and status["state"] in ("completed", "diverged", "pruned"):
+        store.unlock()
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
@@ -506,7 +507,7 @@ def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) ->
     state = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
-        with preemption.stop_on_sigterm():  # SIGTERM ends the run `cancelled`, not `running` forever
+        with preemption.stop_on_signals():  # SIGTERM, SIGHUP end the run `cancelled`, not `running` forever
             state = _train(cfg, store, device, progress, should_prune)
         return state
     except Diverged as err:  # found outside the update (sampling, evaluation): the step in flight diverged

@@ -42,8 +42,7 @@ from ablate.config import ConfigError, RunConfig
 from ablate.rl.sampling import Rollout, RowNoise
 from ablate.rl.schedules import longest_max_new_tokens
 from ablate.rollout_config import VLLM_EXTRAS
-from ablate.tasks import make_task
-from ablate.train.models import engine_weights, load_tokenizer
+from ablate.train.models import engine_weights
 from ablate.train.rollout import LMPolicy, prompt_ids
 
 CPU_KV_CACHE_GB = 1.0  # compute.vllm.kv_cache_gb: null on CPU (vLLM's own default reserves 90% of RAM)
@@ -60,26 +59,30 @@ def import_vllm():
     return vllm
 
 
-def preflight(cfg: RunConfig) -> None:
-    """Before anything is written: vLLM imports, and the task's longest prompt plus the longest
-    `recipe.max_new_tokens` fits the model's positions (vLLM refuses a longer request; the native sampler
-    would run past what the model was trained on; a multi-turn episode's tokens after its prompt, the
-    policy's and the environment's, stay within `recipe.max_new_tokens` too). A ConfigError naming the
-    fields otherwise."""
-    import_vllm()
-    config = Path(cfg.model.path) / "config.json"
-    room = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
-    if not isinstance(room, int):
-        return
-    task, tokenizer = make_task(cfg.task), load_tokenizer(cfg.model.path)
+def preflight_problems(cfg: RunConfig, task, tokenizer, folder: Path | None) -> list[str]:
+    """The engine's part of the run's one preflight (ablate/train/preflight.py; the model's files, the task
+    and its tokenizer already read and built there): vLLM imports, and the task's longest prompt plus the
+    longest `recipe.max_new_tokens` fits the model's positions (vLLM refuses a longer request; the native
+    sampler would run past what the model was trained on; a multi-turn episode's tokens after its prompt, the
+    policy's and the environment's, stay within `recipe.max_new_tokens` too). What is wrong, naming the
+    fields; the head size is `config.validate`'s (rollout_config.engine_problems). `folder`: the model folder
+    (None: a hub id to download, checked when the engine starts)."""
+    try:
+        import_vllm()
+    except ConfigError as err:
+        return [str(err)]
+    config = folder / "config.json" if folder is not None else None
+    room = json.loads(config.read_text()).get("max_position_embeddings") if config and config.is_file() else None
+    if not isinstance(room, int) or tokenizer is None:
+        return []
     prompts = [task.prompt_text(p, tokenizer) for split in ("train", "heldout") for p in task.problems(split)]
     longest = max(len(prompt_ids(tokenizer, p)) for p in prompts)
     new = longest_max_new_tokens(cfg.recipe)
-    if longest + new > room:
-        raise ConfigError(f"rollout.engine='vllm': the task's longest prompt ({longest} tokens) plus "
-                          f"recipe.max_new_tokens={new} exceeds model.path {cfg.model.path}'s "
-                          f"max_position_embeddings={room} (vLLM's max_model_len); shorten one of them, or "
-                          f"rollout.engine='native'")
+    if longest + new <= room:
+        return []
+    return [f"rollout.engine='vllm': the task's longest prompt ({longest} tokens) plus recipe.max_new_tokens={new} "
+            f"exceeds model.path {cfg.model.path}'s max_position_embeddings={room} (vLLM's max_model_len); shorten "
+            f"one of them, or rollout.engine='native'"]
 
 
 SAMPLER = "vllm_row_seeds_gumbel_v1"  # provenance.json: per-row seeded requests, vLLM's Gumbel-max sampler
