@@ -9,7 +9,6 @@ import signal
 from pathlib import Path
 
 import pytest
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ablate.config import parse
 from ablate.runs.metrics import is_defined
@@ -63,7 +62,7 @@ def two_ranks(tmp_path_factory, calc_model):
     jobs.append((calc(calc_model, steps=5), str(root / "killed")))
     with pytest.MonkeyPatch.context() as monkeypatch:
         kill_rank1_mid_episode(monkeypatch, jobs[-1][1], 3)
-        with pytest.raises(ChildFailedError):
+        with pytest.raises(distributed.RanksFailed):
             distributed.launch(2, jobs)
     return jobs
 

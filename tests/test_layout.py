@@ -48,11 +48,12 @@ def test_lower_layers_never_import_higher_ones():
     assert not violations, "upward imports:\n" + "\n".join(violations)
 
 
-def test_config_imports_nothing_of_ablate_but_the_schema_presets_and_rollout_sections():
+def test_config_imports_nothing_of_ablate_but_the_schema_presets_rollout_sections_and_resource_checks():
     # the presets table is plain data that imports nothing of ablate itself; the rollout engine's sections
-    # are config built from the schema's domains
+    # are config built from the schema's domains; the resource checks look at files, importing nothing of ablate
     assert {".".join(m.split(".")[:2]) for m in imported_modules(PKG / "config.py")} == {
-        "ablate.schema", "ablate.presets", "ablate.rollout_config"}
+        "ablate.schema", "ablate.presets", "ablate.rollout_config", "ablate.resources"}
+    assert {".".join(m.split(".")[:2]) for m in imported_modules(PKG / "resources.py")} <= {"ablate.config"}
     assert {".".join(m.split(".")[:2]) for m in imported_modules(PKG / "rollout_config.py")} == {"ablate.schema"}
     assert imported_modules(PKG / "schema.py") == set()
     assert imported_modules(PKG / "presets.py") == set()

@@ -165,7 +165,7 @@ def parse_spec(raw: Any, source: str = "<spec>", root: Path = Path(".")) -> Swee
         return value
 
     def check_preset(key: str, value: Any) -> None:
-        need(value in C.PRESETS, key, f"unknown preset {value!r}; allowed: {', '.join(C.PRESETS)}")
+        need(isinstance(value, str) and value in C.PRESETS, key, f"unknown preset {value!r}; allowed: {', '.join(C.PRESETS)}")
 
     schema = parse_section(SweepSchema, raw, source, SpecError)  # keys, types and domains
     name = schema.name
