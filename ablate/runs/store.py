@@ -508,6 +508,35 @@ class RunStore:
         return {"run_id": owner, "state": blob}
 
 
+class FollowerStore(RunStore):
+    """The run folder as a rank other than 0 sees it: it reads (status, the checkpoint to resume from)
+    and writes nothing; rank 0 writes every file and the W&B mirror."""
+
+    def write_config(self, cfg) -> None:
+        pass
+
+    def write_provenance(self, cfg, device: str, **extra) -> None:
+        pass
+
+    def note_resume(self, step: int) -> None:
+        pass
+
+    def set_status(self, state: str, step: int, error: str | None = None) -> None:
+        pass
+
+    def append(self, log: str, row: dict) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def save_checkpoint(self, state: dict, run: str | None = None) -> None:
+        pass
+
+    def lock(self) -> None:  # rank 0 holds the run folder for the run
+        pass
+
+
 def _git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,

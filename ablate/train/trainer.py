@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate.config import ConfigError, RunConfig, run_id, to_dict
+from ablate.config import RunConfig, run_id, to_dict
 from ablate.rl import stats
 from ablate.rl.divergence import Diverged, check_parameters
 from ablate.rl.rewards import overlong_penalty
@@ -39,42 +39,13 @@ from ablate.train.critic import Critic, build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
 from ablate.train.evaluation import evaluate_repeats, log_eval
+from ablate.train.models import build_policy, resolve_device
 from ablate.train.optim import make_optimizer
 from ablate.train.plan import Sampling, StepPlan, plan_step
-from ablate.train.rollout import LMPolicy, RolloutEngine
+from ablate.train.rollout import RolloutEngine
 from ablate.train.update import sequence_logprobs, sequence_scores, update
 
 # --- set-up and resume ------------------------------------------------------------------------------
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: 'cuda' but this machine has no usable CUDA device; allowed values: 'auto' "
-                          "(CUDA when there is one), 'cpu'")
-    return torch.device(name)
-
-
-def build_policy(cfg: RunConfig, task, device: torch.device):
-    if cfg.task.name == "toy_addition":
-        from ablate.tasks.toy import build_policy as build_toy_policy
-
-        return build_toy_policy(task)
-    from ablate.train.models import load_model, load_tokenizer
-
-    bf16_weights = cfg.model.master_weights == "bfloat16"
-    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16") and not bf16_weights
-    # fp32 master weights with bf16 autocast on CUDA, or bf16 weights (and optimizer state) throughout
-    model = load_model(cfg.model.path, device, torch.bfloat16 if bf16_weights else torch.float32)
-    if cfg.model.lora is not None:
-        from ablate.train.models import add_lora
-
-        model = add_lora(model, cfg.model.lora)
-    if cfg.compute.gradient_checkpointing:
-        execution.enable_gradient_checkpointing(model)
-    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None,
-                    cfg.compute.fp32_logits)
-
 
 def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
     """What samples the rollouts, training and held-out (`rollout.engine`): the policy itself (HF KV-cache
