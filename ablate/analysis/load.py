@@ -37,7 +37,6 @@ CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
 FIRST = ["run_id", "run_dir", "state", "step", "metric", "value"]
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~7x faster
-TERMINAL = ("completed", "failed", "diverged", "cancelled", "pruned")
 
 
 def find_runs(path: str | Path) -> list[Path]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ablate.experiments.executors import ACTIVE, EXECUTORS
 from ablate.experiments.manifest import MANIFEST, read_manifest
-from ablate.runs.store import FINISHED, RunStore
+from ablate.runs.store import FINISHED, RunState, RunStore
 
-RESUBMIT = ("failed", "cancelled", "missing")   # submitted again by `launch`; FINISHED runs never are
+RESUBMIT: tuple[RunState, ...] = ("failed", "cancelled", "missing")   # submitted again by `launch`; FINISHED runs never are
 
 
 def scheduler_states(out: Path, jobs: dict[str, dict]) -> dict[str, str]:
@@ -26,7 +26,7 @@ def scheduler_states(out: Path, jobs: dict[str, dict]) -> dict[str, str]:
     return states
 
 
-def effective_state(store_state: str | None, sched: str | None) -> str:
+def effective_state(store_state: RunState | None, sched: str | None) -> RunState:
     """One state per run: the run store wins when finished; an active job wins over a stale store."""
     if store_state in FINISHED:
         return store_state
@@ -82,8 +82,8 @@ def sweep_status(out: str | Path) -> list[dict]:
     return rows
 
 
-UNFINISHED = ("running", "pending")
-UNSUCCESSFUL = ("failed", "diverged", "cancelled", "missing")
+UNFINISHED: tuple[RunState, ...] = ("running", "pending")
+UNSUCCESSFUL: tuple[RunState, ...] = ("failed", "diverged", "cancelled", "missing")
 
 
 def wait(out: str | Path, poll_s: float = 10.0, log=None) -> list[dict]:

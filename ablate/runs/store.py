@@ -247,7 +247,7 @@ class RunStore:
                 warnings.warn(f"{type(m).__name__} disabled after an error: {err!r}; the local run store "
                               f"in {self.root} stays complete", RuntimeWarning, stacklevel=3)
 
-    def close(self, state: str) -> None:
+    def close(self, state: RunState) -> None:
         self._mirror("close", state)
         self.unlock()
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ablate.runs.store import RunStore
+from ablate.runs.store import RunState, RunStore
 from ablate.train.distributed import process_group
 from ablate.train.models import resolve_device
 from ablate.train.trainer import train
@@ -107,7 +107,7 @@ def run_ranks(nproc: int, fn: Callable[..., Any], *args: Any, grace_s: float = G
     return out
 
 
-def _worker(jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None) -> list[str]:
+def _worker(jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None) -> list[RunState]:
     """One rank: train each (config, run folder) in turn, in one process group (joined for the first, left
     after the last, whichever way the rank ends); returns their states."""
     first = jobs[0][0]
@@ -116,7 +116,7 @@ def _worker(jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], boo
 
 
 def launch(nproc: int, jobs: list[tuple[Any, str]], should_prune: Callable[[int, dict], bool] | None = None
-           ) -> list[str]:
+           ) -> list[RunState]:
     """Train `jobs` [(RunConfig, run folder)] with `nproc` ranks on this machine (`run_ranks`); returns
     rank 0's final states. `should_prune` as for `train` (rank 0's answer counts). A rank that fails ends
     the launch with `RanksFailed`; the run in flight then ends `failed` in status.json holding both

@@ -30,7 +30,7 @@ from ablate.rl import stats
 from ablate.rl.divergence import Diverged, check_parameters
 from ablate.rl.rewards import overlong_penalty
 from ablate.rl.sampling import SAMPLER, TRAIN, Rollout, RowNoise
-from ablate.runs.store import RunStore
+from ablate.runs.store import FINISHED, RunState, RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_train
@@ -444,7 +444,7 @@ def evaluate_now(run: Run, store: RunStore, plan: StepPlan, batch: Batch, scored
 # --- the loop --------------------------------------------------------------------------------------
 
 def train(cfg: RunConfig, out_dir: str, progress: bool = True,
-          should_prune: Callable[[int, dict], bool] | None = None) -> str:
+          should_prune: Callable[[int, dict], bool] | None = None) -> RunState:
     """Train `cfg` into the run folder `out_dir` (resuming from its checkpoint if any); returns the final
     state: completed, diverged, pruned or failed (failed also re-raises; so does cancelled, by
     SIGTERM or Ctrl-C). `should_prune(step, eval_row)`
@@ -455,7 +455,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
         return _train_folder(cfg, out_dir, progress, should_prune)
 
 
-def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) -> str:
+def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) -> RunState:
     from ablate.runs.tracking import open_mirrors
 
     sampler = {"sampler": SAMPLER}
@@ -468,14 +468,14 @@ def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) ->
     with distributed.failing_together():
         store.lock()  # one writer: rank 0 holds the folder for the run's life (RunFolderError names the holder)
     status = store.status()
-    if status and status["state"] in ("completed", "diverged", "pruned"):
+    if status and status["state"] in FINISHED:
         store.unlock()
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
     store.write_provenance(cfg, str(device), **sampler, world_size=distributed.world())
     store.mirrors = open_mirrors(cfg, store.root) if distributed.is_main() else []  # W&B (docs/tracking.md)
-    state = "failed"
+    state: RunState = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
         with preemption.stop_on_signals():  # SIGTERM, SIGHUP end the run `cancelled`, not `running` forever
@@ -500,7 +500,7 @@ def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) ->
         store.close(state)  # every exit path: completed, diverged, failed (incl. preemption exits)
 
 
-def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> str:
+def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> RunState:
     run = set_up(cfg, device)
     resumed = resume(run, store)
     run.engine = build_engine(cfg, run.policy)  # after any resume: it starts from the restored weights
