@@ -3,7 +3,7 @@ rollout (`all_gather_object`, how it was gathered before), on this machine, prin
 
     python benchmarks/gather.py [--rows 128] [--tokens 1024] [--prompt 256] [--repeats 10]
 
-Two ranks (gloo, CPU; `distributed.run_ranks`, as `ablate train --nproc 2`) each hold half of a rollout
+Two ranks (gloo, CPU; `ranks.run_ranks`, as `ablate train --nproc 2`) each hold half of a rollout
 of `rows` completions of `tokens` tokens (ids int64, mask and behaviour log-probs float32, prompts of
 `prompt` tokens, 3,000-character texts) and gather it `repeats` times each way; both ways must give the
 same tensors bit for bit. Threads: 1 per rank.
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from ablate.rl.sampling import Rollout  # noqa: E402
-from ablate.train import distributed  # noqa: E402
+from ablate.train import distributed, ranks  # noqa: E402
 
 
 def pickled(obj):
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
-    s = distributed.run_ranks(2, rank, a.rows, a.tokens, a.prompt, a.repeats)[0]
+    s = ranks.run_ranks(2, rank, a.rows, a.tokens, a.prompt, a.repeats)[0]
     print(f"rollout {a.rows} x {a.tokens} tokens, 2 ranks: pickled {s['pickled'] * 1e3:.1f} ms, "
           f"tensor collectives {s['tensors'] * 1e3:.1f} ms per gather; speed-up {s['pickled'] / s['tensors']:.1f}x")
 

@@ -83,7 +83,7 @@ def _rank(cfg_dict: dict, out: str) -> None:
 
 
 def run(cfg_dict: dict, nproc: int, out: Path) -> dict:
-    from ablate.train.distributed import run_ranks
+    from ablate.train.ranks import run_ranks
 
     if nproc == 1:  # no process group at world size 1: the same trainer, without spawning
         _rank(cfg_dict, str(out))

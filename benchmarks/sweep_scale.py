@@ -114,7 +114,7 @@ def _cpu_times() -> list[tuple[int, int]]:
 
 
 def bench_local(tmp: Path, n_runs: int, steps: int) -> None:
-    from ablate.experiments.launch import cpu_count
+    from ablate.experiments.worker import cpu_count
 
     cores = cpu_count()
     spec = write_spec(tmp, "local8", steps=steps, seeds=list(range(n_runs)))
@@ -143,7 +143,7 @@ def bench_local(tmp: Path, n_runs: int, steps: int) -> None:
     mean = statistics.mean(per_core) if per_core else float("nan")
     states = {}
     if (tmp / "local8" / "manifest.json").exists():
-        from ablate.experiments.launch import sweep_status
+        from ablate.experiments.status import sweep_status
 
         for r in sweep_status(tmp / "local8"):
             states[r["state"]] = states.get(r["state"], 0) + 1

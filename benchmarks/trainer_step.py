@@ -40,10 +40,10 @@ from rich.table import Table
 from ablate.config import parse
 from ablate.tasks import make_task
 from ablate.train.data import PromptSampler
-from ablate.train.models import build_base_model, load_model, load_tokenizer
+from ablate.train.models import build_base_model, build_policy, load_model, load_tokenizer
 from ablate.train.optim import make_optimizer
 from ablate.train.plan import plan_step
-from ablate.train.trainer import build_policy, collect
+from ablate.train.trainer import collect
 from ablate.train.update import sequence_logprobs, update
 
 B, G, T = 16, 8, 16

@@ -53,7 +53,7 @@ def test_gpu_check_script_is_valid_bash_and_runs_the_python_check():
 
 def test_gpu_configs_and_profile_parse(tmp_path):
     from ablate.config import load
-    from ablate.experiments.launch import load_profile
+    from ablate.experiments.slurm_profile import load_profile
 
     # the configs name a downloaded model and GSM8K files that validation rightly requires to exist:
     # local stand-ins let every other field be validated here

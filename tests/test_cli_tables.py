@@ -57,8 +57,8 @@ def test_status_of_a_grid_without_named_arms_fills_the_arm(tmp_path):
     spec = tmp_path / "g.yaml"
     spec.write_text(yaml.safe_dump({"name": "g", "base": {"config": TOY}, "out": str(tmp_path / "runs"),
                                     "grid": {"recipe.eps_high": [0.2, 0.28]}}))
-    from ablate.experiments.launch import sweep_status
     from ablate.experiments.manifest import manifest_for, write_manifest
+    from ablate.experiments.status import sweep_status
 
     sweep = load_spec(spec)
     write_manifest(sweep.out, manifest_for(sweep, expand(sweep)))

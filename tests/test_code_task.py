@@ -285,3 +285,20 @@ def test_trainer_runs_the_code_task(tmp_path):
     assert train(cfg, str(tmp_path), progress=False) == "completed"
     rows = RunStore(tmp_path).read("metrics")
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["train/reward_correct_mean"] == 0.0  # it cannot code
+
+
+def test_both_sandbox_programs_run_the_one_codec():
+    """The harness and the child encode and decode with the same source (ablate/tasks/sandbox_harness.py)."""
+    from ablate.tasks.sandbox_harness import CHILD, CODEC, HARNESS
+
+    assert CODEC in HARNESS and CODEC in CHILD and HARNESS.count("def enc(") == CHILD.count("def enc(") == 1
+    ns: dict = {}
+    exec(CODEC, ns)  # noqa: S102 - our own stdlib-only source, as the sandbox runs it
+    value = [1, 2.5, float("inf"), (1, "a", [None, True]), {1: b"\x00x", "k": {2}}, frozenset({4})]
+    wire = json.loads(json.dumps(ns["enc"](value)))
+    assert ns["dec"](wire) == value and type(ns["dec"](wire)[3]) is tuple
+    for bad in ({"x": 1}, {"f": "1", "t": []}, 1.5):
+        with pytest.raises(ValueError, match="bad reply"):
+            ns["dec"](bad)
+    with pytest.raises(TypeError, match="cannot send a object"):
+        ns["enc"](object())

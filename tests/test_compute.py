@@ -9,10 +9,10 @@ import torch
 from ablate.config import parse
 from ablate.runs.store import RunStore
 from ablate.train import execution
-from ablate.train.models import merged_model
+from ablate.train.models import build_policy, merged_model
 from ablate.train.plan import plan_step
 from ablate.train.rollout import AdaptersOff, LMPolicy
-from ablate.train.trainer import build_policy, train
+from ablate.train.trainer import train
 from ablate.train.update import sequence_logprobs, update
 
 

@@ -2,7 +2,7 @@
 final parameters equal to 1e-5 relative, over a grid of recipes on the toy and the tiny LM; a rank killed
 with SIGKILL fails the run, and the rerun resumes it (at another world size) to the uninterrupted result.
 
-All 2-rank runs share one launch (`distributed.launch`, what `ablate train --nproc 2` calls): starting
+All 2-rank runs share one launch (`ranks.launch`, what `ablate train --nproc 2` calls): starting
 ranks costs seconds, the toy runs themselves a fraction of one."""
 
 import math
@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from ablate.cli.main import app
 from ablate.config import parse
 from ablate.rl.sampling import RowNoise, draw
-from ablate.runs.store import RunStore
-from ablate.train import distributed
+from ablate.runs.store import FollowerStore, RunStore
+from ablate.train import ranks
 from ablate.train.models import BuildSettings, build_base_model
 from ablate.train.trainer import train
 
@@ -69,14 +69,14 @@ def killed_job():  # long enough to be killed mid-run, checkpointed every 4 step
 def sigkill_rank1_at_step(monkeypatch, run_dir: str, step: int) -> None:
     """Rank 1 of the run in `run_dir` kills itself with SIGKILL once step `step` is done (the launcher forks
     its ranks from this process, so they inherit the patch; rank 1 reports progress to a FollowerStore)."""
-    real = distributed.FollowerStore.set_status
+    real = FollowerStore.set_status
 
     def set_status(self, state, at, error=None):
         if str(self.root) == run_dir and state == "running" and at == step:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, state, at, error)
 
-    monkeypatch.setattr(distributed.FollowerStore, "set_status", set_status)
+    monkeypatch.setattr(FollowerStore, "set_status", set_status)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def two_ranks(tmp_path_factory, model_dir):
     jobs = [(cfg, str(root / f"run{i}")) for i, cfg in enumerate(cfgs)] + [(killed_job(), str(root / "killed"))]
     with pytest.MonkeyPatch.context() as monkeypatch:
         sigkill_rank1_at_step(monkeypatch, jobs[-1][1], 6)
-        with pytest.raises(distributed.RanksFailed) as failure:  # the killed rank fails the launch
-            distributed.launch(2, jobs)
+        with pytest.raises(ranks.RanksFailed) as failure:  # the killed rank fails the launch
+            ranks.launch(2, jobs)
     return jobs, failure.value
 
 

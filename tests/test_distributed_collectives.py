@@ -2,7 +2,7 @@
 ends the run on every rank at once, as `diverged` (a Diverged) or `failed` (any other error, with the
 failing rank's traceback); a pruning decision is rank 0's alone and every rank stops with it; gathers
 through tensor collectives give every rank's tensors back bit for bit, for uneven shares. Two real gloo
-ranks on CPU (`distributed.run_ranks`, what `ablate train --nproc 2` uses), the toy task."""
+ranks on CPU (`ranks.run_ranks`, what `ablate train --nproc 2` uses), the toy task."""
 
 import time
 from collections import Counter
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ablate.config import parse
-from ablate.runs.store import RunStore
+from ablate.runs.store import FollowerStore, RunStore
 from ablate.tasks.toy import ToyPolicy
-from ablate.train import distributed
+from ablate.train import distributed, ranks
 from ablate.train.preemption import Stopped
 from ablate.train.trainer import train
 
@@ -49,7 +49,7 @@ def test_a_diverged_rank_ends_the_run_diverged_on_every_rank_at_once(tmp_path, m
     pruned, diverged = str(tmp_path / "pruned"), str(tmp_path / "diverged")
     prune_at_2 = PruneAt(2)
     t0 = time.perf_counter()
-    states = distributed.run_ranks(2, distributed._worker, [(toy(2), pruned), (toy(3), diverged)], prune_at_2)
+    states = ranks.run_ranks(2, ranks._worker, [(toy(2), pruned), (toy(3), diverged)], prune_at_2)
     assert time.perf_counter() - t0 < 120  # not the collective timeout (300 s)
     # every rank ends both runs together: pruned (rank 0's answer), then diverged (rank 1's sampler)
     assert states == {0: ["pruned", "diverged"], 1: ["pruned", "diverged"]}
@@ -83,8 +83,8 @@ class PruneAt:
 def test_an_error_on_one_rank_fails_the_run_with_its_traceback_on_every_rank(tmp_path, monkeypatch):
     faulty_rank1(monkeypatch)
     out = str(tmp_path / "failed")
-    with pytest.raises(distributed.RanksFailed) as failure:
-        distributed.launch(2, [(toy(4), out)])
+    with pytest.raises(ranks.RanksFailed) as failure:
+        ranks.launch(2, [(toy(4), out)])
     status = RunStore(out).status()
     assert status["state"] == "failed" and status["step"] == 1
     # rank 0's own traceback carries rank 1's error and traceback (where in the sampler it was raised)
@@ -110,8 +110,8 @@ def test_an_error_on_one_rank_in_the_update_or_a_scoring_pass_fails_the_run_with
     cfg = toy(4, recipe={"group_size": 4, "max_new_tokens": 2, "kl_coef": 0.0, "minibatches": 2})
     out = str(tmp_path / "failed")
     t0 = time.perf_counter()
-    with pytest.raises(distributed.RanksFailed):
-        distributed.launch(2, [(cfg, out)])
+    with pytest.raises(ranks.RanksFailed):
+        ranks.launch(2, [(cfg, out)])
     assert time.perf_counter() - t0 < 120  # not the collective timeout (300 s)
     status = RunStore(out).status()
     assert status["state"] == "failed" and status["step"] == 0 and not RunStore(out).read("metrics")  # in step 1
@@ -136,7 +136,7 @@ def test_every_way_out_of_train_leaves_the_process_group(tmp_path, monkeypatch, 
     active exception"): train() leaves the group it joined however it ends: completed, failed, cancelled
     (SIGTERM, Ctrl-C), or the SystemExit of a rank that leaves for a requeue."""
     if raised is not None:  # every rank at the end of step 2, before the step's last collective
-        for cls in (RunStore, distributed.FollowerStore):
+        for cls in (RunStore, FollowerStore):
             def set_status(self, state, step, error=None, real=cls.set_status):
                 if state == "running" and step == 2:
                     raise raised
@@ -144,7 +144,7 @@ def test_every_way_out_of_train_leaves_the_process_group(tmp_path, monkeypatch, 
 
             monkeypatch.setattr(cls, "set_status", set_status)
     ended = "completed" if raised is None else type(raised).__name__
-    assert distributed.run_ranks(2, _train_then_in_group, toy(2), str(tmp_path)) == {0: (ended, False),
+    assert ranks.run_ranks(2, _train_then_in_group, toy(2), str(tmp_path)) == {0: (ended, False),
                                                                                      1: (ended, False)}
 
 
@@ -170,7 +170,7 @@ def share(r: int) -> dict:
 
 
 def test_padded_tensor_gather_of_uneven_shares_is_bit_identical():
-    got = distributed.run_ranks(2, _gather_uneven)
+    got = ranks.run_ranks(2, _gather_uneven)
     shares = [share(0), share(1)]
     for r in (0, 1):  # every rank holds every rank's share, exactly (dtype, shape, bits), texts included
         objects = got[r]["objects"]

@@ -13,8 +13,9 @@ import submitit
 import torch
 import yaml
 
-from ablate.experiments.launch import export_rank_env, load_profile, ranks
+from ablate.experiments.slurm_profile import load_profile, ranks
 from ablate.experiments.sweep import SpecError
+from ablate.experiments.worker import export_rank_env
 from ablate.train import preemption
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def test_each_task_of_a_two_task_local_job_is_one_rank(tmp_path, monkeypatch):
         import torch
         import torch.distributed as dist
 
-        from ablate.experiments.launch import export_rank_env
+        from ablate.experiments.worker import export_rank_env
 
         rank = export_rank_env()
         env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -181,7 +182,8 @@ def test_local_sweep_with_two_tasks_per_run_gives_the_one_process_runs(tmp_path,
     """`executor.tasks_per_node: 2`: each run of a local sweep is one 2-task submitit job, 2 gloo ranks."""
     import math
 
-    from ablate.experiments.launch import launch, sweep_status
+    from ablate.experiments.launch import launch
+    from ablate.experiments.status import sweep_status
     from ablate.experiments.sweep import expand
     from ablate.runs.store import RunStore
     from ablate.train.trainer import train
@@ -226,7 +228,7 @@ def test_bad_local_tasks_per_node_names_the_spec_key_and_allowed_values(tmp_path
 
 
 def test_local_tasks_per_node_beyond_the_gpus_of_this_machine_is_refused_for_cuda_runs(tmp_path):
-    from ablate.experiments.launch import local_ranks
+    from ablate.experiments.executors import local_ranks
     from ablate.experiments.sweep import expand
 
     sweep = toy_sweep(tmp_path, tasks_per_node=2)

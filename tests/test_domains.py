@@ -19,7 +19,7 @@ from ablate import config as C
 from ablate.cli.main import app
 from ablate.experiments import search as H
 from ablate.experiments import sweep as S
-from ablate.experiments.launch import SlurmProfile, load_profile
+from ablate.experiments.slurm_profile import SlurmProfile, load_profile
 from ablate.schema import (
     INT_MAX,
     Choice,
@@ -55,7 +55,7 @@ FREE_FORM = {
                     "search": "each entry: ParamSection, then the searched config field's type and domain"},
     "search entry": {"choices[]": "the searched config field's type and domain (search._param)",
                      "when": "earlier search keys and conditions (search._param)"},
-    "SLURM profile": {"additional": "sbatch option names and one-line scalar values (launch.load_profile)"},
+    "SLURM profile": {"additional": "sbatch option names and one-line scalar values (slurm_profile.load_profile)"},
 }
 
 

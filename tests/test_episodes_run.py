@@ -13,7 +13,7 @@ import pytest
 from ablate.config import parse
 from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
-from ablate.train import distributed, episodes
+from ablate.train import distributed, episodes, ranks
 from ablate.train.tool_models import CalculatorSettings, build_calculator_model
 from ablate.train.trainer import train
 from tests.test_distributed import assert_params_close, assert_same_run, close
@@ -62,8 +62,8 @@ def two_ranks(tmp_path_factory, calc_model):
     jobs.append((calc(calc_model, steps=5), str(root / "killed")))
     with pytest.MonkeyPatch.context() as monkeypatch:
         kill_rank1_mid_episode(monkeypatch, jobs[-1][1], 3)
-        with pytest.raises(distributed.RanksFailed):
-            distributed.launch(2, jobs)
+        with pytest.raises(ranks.RanksFailed):
+            ranks.launch(2, jobs)
     return jobs
 
 

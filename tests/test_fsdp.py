@@ -11,7 +11,7 @@ from test_distributed import LM_RECIPES, assert_params_close, assert_same_run, c
 
 from ablate.config import ConfigError, parse, to_dict
 from ablate.runs.store import RunStore
-from ablate.train import distributed, sharding
+from ablate.train import distributed, ranks, sharding
 from ablate.train.trainer import train
 
 
@@ -66,8 +66,8 @@ def fsdp_runs(tmp_path_factory, tiny_model_dir):
         crash_training_at(monkeypatch, chain, jobs[-1][1], 2)  # one process: checkpoint 1, dies in step 2
         monkeypatch.setattr(sharding, "prepare", prepare)
         sigkill_rank1_at_step(monkeypatch, jobs[-1][1], 3)
-        with pytest.raises(distributed.RanksFailed):
-            distributed.launch(2, jobs)
+        with pytest.raises(ranks.RanksFailed):
+            ranks.launch(2, jobs)
     # the failure is the SIGKILL of the chain's rank 1; the jobs before it completed
     assert [RunStore(out).status()["state"] for _, out in jobs] == ["completed", "completed", "failed"]
     return jobs, [json.loads(line) for p in shards.iterdir() for line in p.read_text().splitlines()]

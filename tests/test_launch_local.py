@@ -12,15 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from ablate.cli.sweep import sweep_app
-from ablate.experiments.launch import (
-    cancel,
-    effective_state,
-    launch,
-    load_profile,
-    read_manifest,
-    slurm_minutes,
-    sweep_status,
-)
+from ablate.experiments.launch import cancel, launch
+from ablate.experiments.manifest import read_manifest
+from ablate.experiments.slurm_profile import load_profile, slurm_minutes
+from ablate.experiments.status import effective_state, sweep_status
 from ablate.experiments.sweep import SpecError, expand, parse_spec
 from ablate.runs.store import RunStore
 
@@ -186,7 +181,7 @@ def test_edited_spec_leaves_earlier_runs_stale_kept_and_out_of_the_report(tmp_pa
 
 
 def test_wait_blocks_until_every_run_ended_and_run_wait_exits_1_naming_the_diverged_run(tmp_path):
-    from ablate.experiments.launch import wait
+    from ablate.experiments.status import wait
 
     spec = tmp_path / "w.yaml"
     spec.write_text(yaml.safe_dump({

@@ -19,7 +19,10 @@ from conftest import SLURM_START_HINT
 from typer.testing import CliRunner
 
 from ablate.cli.sweep import sweep_app
-from ablate.experiments.launch import ACTIVE, launch, read_manifest, sweep_status, write_manifest
+from ablate.experiments.executors import ACTIVE
+from ablate.experiments.launch import launch
+from ablate.experiments.manifest import read_manifest, write_manifest
+from ablate.experiments.status import sweep_status
 from ablate.experiments.sweep import expand, load_spec
 from ablate.runs.store import RunStore
 

@@ -77,3 +77,100 @@ def test_no_file_refers_outside_the_repository():
         if "DESIGN.md" in text or "shared folder" in text or "../shared" in text:
             offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, "files that refer to DESIGN.md / the shared folder: " + ", ".join(offenders)
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node of `tree` but those of `if TYPE_CHECKING:` blocks (read by type checkers only)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for orelse in node.orelse for n in [orelse, *runtime_nodes(orelse)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the ablate modules it imports when it runs, at any depth (imports inside functions count:
+    a cycle through one only waits for the first call to bite; those under `if TYPE_CHECKING:` never run).
+    `from a.b import c` is an edge to the module a.b.c when there is one, else to a.b."""
+    paths = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for mod, path in paths.items():
+        edges = set()
+        for node in runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                edges |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
+                          for a in node.names}
+        graph[mod] = {m for m in edges if m in paths and m != mod}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Per strongly connected component of more than one module (Tarjan's algorithm): one cycle through it
+    (a -> b -> ... -> a, the shortest way back to its first module) and the component's modules off
+    that cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for component in components:
+        start = min(component)
+        paths = {start: [start]}
+        todo = [start]
+        while todo:  # breadth first inside the component: the shortest way back to `start`
+            v = todo.pop(0)
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    cycles.append(([*paths[v], start], sorted(component - set(paths[v]))))
+                    todo = []
+                    break
+                if w not in paths:
+                    paths[w] = [*paths[v], w]
+                    todo.append(w)
+    return cycles
+
+
+def test_import_cycles_are_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert sorted(import_cycles(graph)) == [(["a", "b", "c", "a"], []), (["e", "f", "e"], [])]
+    assert import_cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"b"}}) == [(["a", "b", "a"], ["c"])]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_imports_under_type_checking_are_not_edges_but_function_level_ones_are():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ablate.x\nelse:\n"
+                     "    import ablate.y\ndef f():\n    import ablate.z\n")
+    names = {a.name for n in runtime_nodes(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert names == {"ablate.y", "ablate.z"}
+
+
+def test_no_import_cycle_among_the_package_modules():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) + (f" (also in the circle: {', '.join(rest)})" if rest else "")
+                                                    for c, rest in cycles)

@@ -13,6 +13,7 @@ from ablate.runs.metrics import is_defined
 from ablate.runs.store import RunStore
 from ablate.train import offpolicy
 from ablate.train.data import PromptSampler
+from ablate.train.models import build_policy
 from ablate.train.plan import plan_step
 
 
@@ -96,7 +97,7 @@ def test_resume_of_a_stale_run_after_a_crash_is_exact(tmp_path, monkeypatch):
 def test_pending_batches_round_trip_through_plain_data():
     cfg = toy()
     task = trainer.make_task(cfg.task)
-    policy = trainer.build_policy(cfg, task, torch.device("cpu"))
+    policy = build_policy(cfg, task, torch.device("cpu"))
     torch.manual_seed(0)
     train = task.problems("train")
     batch = trainer.collect(policy, task, train, PromptSampler(len(train), cfg), plan_step(cfg, 1), None)

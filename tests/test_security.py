@@ -9,7 +9,7 @@ import torch
 
 import ablate.train.trainer as trainer
 from ablate.config import load, run_id
-from ablate.experiments.launch import sweep_status
+from ablate.experiments.status import sweep_status
 from ablate.runs.store import CheckpointError, RunStore, pack, unpack
 
 

@@ -142,11 +142,11 @@ def test_submitit_roundtrip(tmp_path: Path) -> None:
 
 def test_two_task_job_ranks_all_reduce_through_the_exported_env(tmp_path: Path, monkeypatch) -> None:
     # slurm/profiles/dev-2task.yaml: one job of 2 tasks x 1 CPU. Each task exports torchrun's variables from
-    # SLURM's environment (ablate.experiments.launch.export_rank_env, what TrainJob does) and joins one
+    # SLURM's environment (ablate.experiments.worker.export_rank_env, what TrainJob does) and joins one
     # gloo group by env://; a real all_reduce proves both ranks met at the same rendezvous.
     import submitit
 
-    from ablate.experiments.launch import load_profile
+    from ablate.experiments.slurm_profile import load_profile
 
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("PYTHONPATH", str(root))  # sbatch exports our environment to the job
@@ -157,7 +157,7 @@ def test_two_task_job_ranks_all_reduce_through_the_exported_env(tmp_path: Path, 
         import torch
         import torch.distributed as dist
 
-        from ablate.experiments.launch import export_rank_env
+        from ablate.experiments.worker import export_rank_env
 
         rank = export_rank_env()
         dist.init_process_group("gloo")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.experiments.launch import launch, load_profile
+from ablate.experiments.launch import launch
+from ablate.experiments.slurm_profile import load_profile
 from ablate.experiments.sweep import SpecError, expand, parse_spec
 
 TOY = str(Path("configs/toy.yaml").resolve())

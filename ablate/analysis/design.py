@@ -13,6 +13,7 @@ value.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +61,20 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested config dict -> dotted keys (`recipe.kl_coef`): the columns of a run's config in a study."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v  # lists (e.g. eval.ks) as JSON text
+    return out
+
+
 def _defaults() -> dict:
     try:
-        from ablate.analysis.load import flatten
         from ablate.config import RunConfig, to_dict
         return {k: _fmt(v) for k, v in flatten(to_dict(RunConfig())).items()}
     except Exception:  # noqa: BLE001 - a config that cannot be built just means no default order

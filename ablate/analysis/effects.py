@@ -23,8 +23,9 @@ import pandas as pd
 from ablate.analysis import multiplicity, stats
 from ablate.analysis.design import arm_order
 from ablate.analysis.power import TDesign
+from ablate.runs.store import RunState
 
-INCLUDED_STATES = ("completed",)
+INCLUDED_STATES: tuple[RunState, ...] = ("completed",)
 
 
 def final(steps: np.ndarray, values: np.ndarray, k: int) -> float:

@@ -30,13 +30,13 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
 
+from ablate.analysis.design import assign_arms, flatten, read_manifests
 from ablate.runs.store import RunFolderError, read_jsonl, status_problem
 
 CACHE = ".ablate-cache"
 SOURCES = ("config.yaml", "status.json", "metrics.jsonl", "evals.jsonl")
 FIRST = ["run_id", "run_dir", "state", "step", "metric", "value"]
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~7x faster
-TERMINAL = ("completed", "failed", "diverged", "cancelled", "pruned")
 
 
 def find_runs(path: str | Path) -> list[Path]:
@@ -45,17 +45,6 @@ def find_runs(path: str | Path) -> list[Path]:
     if (path / "config.yaml").is_file():
         return [path]
     return sorted(p.parent for p in path.rglob("config.yaml") if CACHE not in p.parts)
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = json.dumps(v) if isinstance(v, list) else v  # lists (e.g. eval.ks) as JSON text
-    return out
 
 
 # --- one run ---------------------------------------------------------------------------------------
@@ -217,8 +206,6 @@ def _concat_wide(data: list[RunData], attr: str, ids: list[str]) -> pd.DataFrame
 def load_study(*paths: str | Path, cache: bool = True) -> Study:
     """Every run folder under `paths` (a sweep root, a run folder, or several), with arms and factors
     inferred from the sweep manifest(s) and from which config keys differ (ablate.analysis.design)."""
-    from ablate.analysis.design import assign_arms, read_manifests
-
     dirs = list(dict.fromkeys(r.resolve() for p in paths for r in find_runs(p)))
     data = [read_run(d, cache) for d in dirs]
     # folders of an earlier expansion of a sweep's spec (edited spec, newer ablate) are set apart, listed

@@ -73,7 +73,7 @@ def train(
     try:
         RunStore(out).check_free()  # another process trains this folder: refused at once (as every rank would be)
         if nproc > 1:  # N local ranks, each running run_train (docs/scale.md)
-            from ablate.train.distributed import RanksFailed, launch
+            from ablate.train.ranks import RanksFailed, launch
             try:
                 state = launch(nproc, [(cfg, str(out))])[0]
             except RanksFailed as err:

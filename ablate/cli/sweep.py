@@ -69,7 +69,8 @@ def plan_table(runs, states: dict[str, str] | None = None, width: int | None = 8
 @sweep_app.command(cls=Command)
 def plan(spec: SweepSpec, out: RunsRoot = None, wide: Wide = False):
     """Print every run of the sweep (id, toggles, seed); submits nothing."""
-    from ablate.experiments.launch import MANIFEST, sweep_status
+    from ablate.experiments.manifest import MANIFEST
+    from ablate.experiments.status import sweep_status
     from ablate.experiments.sweep import SpecError
     from ablate.runs.store import RunFolderError
 
@@ -95,11 +96,13 @@ def run(spec: SweepSpec,
                                   "too); exit 1 naming each run that failed, diverged or was cancelled"),
         poll: float = typer.Option(10.0, "--poll", metavar="S", help="with --wait: seconds between status checks")):
     """Submit the runs that are failed, cancelled or missing; completed runs are skipped."""
-    from ablate.experiments.launch import UNSUCCESSFUL, launch, sweep_status
-    from ablate.experiments.launch import wait as wait_for
+    from ablate.experiments.executors import EXECUTORS
+    from ablate.experiments.launch import launch
+    from ablate.experiments.status import UNSUCCESSFUL, sweep_status
+    from ablate.experiments.status import wait as wait_for
     from ablate.experiments.sweep import SpecError
 
-    check_choice("--executor", executor, ("local", "slurm", "debug"))
+    check_choice("--executor", executor, tuple(EXECUTORS))
     if poll <= 0:
         fail(f"--poll {poll}: must be > 0 seconds")
     sweep, runs = _load(spec, out)
@@ -129,7 +132,7 @@ def run(spec: SweepSpec,
 def status_table(rows: list[dict], width: int | None = 80) -> str:
     """The `sweep status` table within `width` columns: the arm (named, else its toggle values), the toggles
     when arms are named, seed, state, step; job, scheduler and the error's last line as room allows."""
-    from ablate.experiments.launch import arm_label
+    from ablate.experiments.status import arm_label
 
     named = any(r["toggles"] and r["arm"] != arm_label(r["toggles"]) for r in rows)
     keys = list(dict.fromkeys(k for r in rows for k in r["toggles"])) if named else []
@@ -155,7 +158,7 @@ def _counts(rows) -> None:
 @sweep_app.command(cls=Command)
 def status(runs_dir: RunsDir, as_json: AsJson = False, wide: Wide = False):
     """Counts and per-run state (run store + scheduler)."""
-    from ablate.experiments.launch import stale_runs, sweep_status
+    from ablate.experiments.status import stale_runs, sweep_status
     from ablate.experiments.sweep import SpecError
     from ablate.runs.store import RunFolderError
 

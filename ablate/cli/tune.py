@@ -1,7 +1,7 @@
 """`ablate tune SPEC | status SPEC` (mounted by ablate/cli/main.py as `app.add_typer(tune_app, name="tune")`).
 
 Also the launcher: `launch(spec, ...)` creates the study and starts the workers of ablate/experiments/search.py as
-local processes or one SLURM job array (launch.py's executors and profiles), and `summary(spec)` is
+local processes or one SLURM job array (submitit, with the sweeps' SLURM profiles), and `summary(spec)` is
 what `ablate tune status` prints. docs/tune.md describes both.
 """
 
@@ -86,8 +86,9 @@ def launch(spec, executor: str | None = None, workers: int | None = None, profil
     `slurm` job array (returns at once) or `inline` (one worker in this process). Returns the submitit jobs."""
     import submitit
 
-    from ablate.experiments import launch as L
     from ablate.experiments.search import open_study, run_worker
+    from ablate.experiments.slurm_profile import check_sbatch_text, load_profile
+    from ablate.experiments.worker import cpu_count, importable
 
     executor = executor or spec.executor["name"]
     workers = workers or spec.executor["workers"]
@@ -96,18 +97,18 @@ def launch(spec, executor: str | None = None, workers: int | None = None, profil
         run_worker(spec)
         return []
     folder = spec.out / ".submitit" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    L._importable()
+    importable()
     if executor == "slurm":
-        L.check_sbatch_text(spec.source, "out (the runs root)", folder)
+        check_sbatch_text(spec.source, "out (the runs root)", folder)
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         ex.update_parameters(name=spec.name, timeout_min=spec.executor.get("timeout_min", 60),
                              slurm_array_parallelism=workers)
         profile = profile or spec.sweep.slurm_profile
-        ex.update_parameters(**(L.load_profile(profile) if profile else {}))
+        ex.update_parameters(**(load_profile(profile) if profile else {}))
         return ex.submit_array([TuneWorker(spec, i) for i in range(workers)])
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(timeout_min=spec.executor.get("timeout_min", 7 * 24 * 60))
-    jobs = [ex.submit(TuneWorker(spec, i, max(1, L.cpu_count() // workers))) for i in range(workers)]
+    jobs = [ex.submit(TuneWorker(spec, i, max(1, cpu_count() // workers))) for i in range(workers)]
     try:
         while wait and not all(j.done() for j in jobs):
             time.sleep(0.5)

@@ -36,13 +36,18 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
 from ablate.config import RunConfig, run_id, to_dict
 
 LOGS = ("metrics", "evals", "samples", "eval_problems")
-STATES = ("running", "completed", "failed", "diverged", "cancelled", "pruned")
+# A run's state, everywhere it is named. status.json holds one of STATES; a sweep's status adds `pending`
+# (its job is queued) and `missing` (never started), the analysis `unknown` (logs without a status.json).
+RunState = Literal["running", "completed", "failed", "diverged", "cancelled", "pruned", "pending", "missing", "unknown"]
+STATES: tuple[RunState, ...] = ("running", "completed", "failed", "diverged", "cancelled", "pruned")
+FINISHED: tuple[RunState, ...] = ("completed", "diverged", "pruned")  # ended for good: never resumed or resubmitted
 CHECKPOINT = "checkpoint.pt"
 RUN_FILES = ("status.json", "provenance.json", CHECKPOINT, *(f"{log}.jsonl" for log in LOGS))
 CHECKPOINT_FORMAT = 2  # {"format", "meta": JSON text, "tensors": {name: tensor}}
@@ -242,7 +247,7 @@ class RunStore:
                 warnings.warn(f"{type(m).__name__} disabled after an error: {err!r}; the local run store "
                               f"in {self.root} stays complete", RuntimeWarning, stacklevel=3)
 
-    def close(self, state: str) -> None:
+    def close(self, state: RunState) -> None:
         self._mirror("close", state)
         self.unlock()
 
@@ -391,7 +396,7 @@ class RunStore:
             raise RunFolderError(f"{p}: not a run status ({problem})")
         return row
 
-    def set_status(self, state: str, step: int, error: str | None = None) -> None:
+    def set_status(self, state: RunState, step: int, error: str | None = None) -> None:
         assert state in STATES, state
         row = {"state": state, "step": step, "error": error, "updated": time.time()}
         try:
@@ -506,6 +511,35 @@ class RunStore:
 
         owner = hash_config(blob["config"]) if isinstance(blob.get("config"), dict) else None
         return {"run_id": owner, "state": blob}
+
+
+class FollowerStore(RunStore):
+    """The run folder as a rank other than 0 sees it: it reads (status, the checkpoint to resume from)
+    and writes nothing; rank 0 writes every file and the W&B mirror."""
+
+    def write_config(self, cfg) -> None:
+        pass
+
+    def write_provenance(self, cfg, device: str, **extra) -> None:
+        pass
+
+    def note_resume(self, step: int) -> None:
+        pass
+
+    def set_status(self, state: RunState, step: int, error: str | None = None) -> None:
+        pass
+
+    def append(self, log: str, row: dict) -> None:
+        pass
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def save_checkpoint(self, state: dict, run: str | None = None) -> None:
+        pass
+
+    def lock(self) -> None:  # rank 0 holds the run folder for the run
+        pass
 
 
 def _git_sha() -> str | None:

@@ -10,15 +10,10 @@ sees a test or an expected value. After each test the harness writes `<token> <i
 file descriptor, which the child does not hold (and without /proc it cannot reopen it).
 """
 
-HARNESS = r'''
-import ctypes, json, os, resource, select, subprocess, sys, time
-
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child (same uid) cannot ptrace us
-result_fd = int(sys.argv[1])
-job = json.loads(sys.stdin.read())
-token, limits = job.pop("token"), job["limits"]
-MAX_REPLY = 1 << 20
-
+# Plain data across the pipe, both ways: JSON with tags for tuples, sets, dicts with non-string keys,
+# bytes and non-finite floats. One source for both programs; decoding is strict (the harness decodes the
+# untrusted child's replies).
+CODEC = r'''
 def enc(v):
     t = type(v)
     if v is None or t in (bool, int, str):
@@ -35,7 +30,7 @@ def enc(v):
         return {"s" if t is set else "fs": [enc(x) for x in v]}
     if t is bytes:
         return {"b": v.hex()}
-    raise TypeError(f"cannot send a {t.__name__} to the solution")
+    raise TypeError(f"cannot send a {t.__name__} across the sandbox")
 
 def dec(v):
     if v is None or type(v) in (bool, int, str):
@@ -57,7 +52,18 @@ def dec(v):
         return bytes.fromhex(x)
     raise ValueError("bad reply")
 
-def child_limits():
+'''
+
+HARNESS = r'''
+import ctypes, json, os, resource, select, subprocess, sys, time
+
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the child (same uid) cannot ptrace us
+result_fd = int(sys.argv[1])
+job = json.loads(sys.stdin.read())
+token, limits = job.pop("token"), job["limits"]
+MAX_REPLY = 1 << 20
+
+''' + CODEC + r'''def child_limits():
     mb = 1 << 20
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"]))
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb, limits["memory_mb"] * mb))
@@ -153,35 +159,7 @@ null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)  # the solution's prints go nowhere and cannot corrupt the protocol
 
-def enc(v):
-    t = type(v)
-    if v is None or t in (bool, int, str):
-        return v
-    if t is float:
-        return {"f": repr(v)}
-    if t is list:
-        return [enc(x) for x in v]
-    if t is tuple:
-        return {"t": [enc(x) for x in v]}
-    if t is dict:
-        return {"d": [[enc(k), enc(x)] for k, x in v.items()]}
-    if t in (set, frozenset):
-        return {"s" if t is set else "fs": [enc(x) for x in v]}
-    if t is bytes:
-        return {"b": v.hex()}
-    raise TypeError(type(v).__name__)
-
-def dec(v):
-    if type(v) is list:
-        return [dec(x) for x in v]
-    if type(v) is not dict:
-        return v
-    (tag, x), = v.items()
-    return {"f": float, "t": lambda y: tuple(map(dec, y)), "d": lambda y: {dec(k): dec(w) for k, w in y},
-            "s": lambda y: set(map(dec, y)), "fs": lambda y: frozenset(map(dec, y)),
-            "b": bytes.fromhex}[tag](x)
-
-def reply(msg):
+''' + CODEC + r'''def reply(msg):
     proto_out.write(json.dumps(msg).encode() + b"\n")
     proto_out.flush()
 

@@ -84,7 +84,7 @@ def estimate(cfg: RunConfig, n: int, temperature: float, progress: bool = True, 
 def _sample_rates(cfg: RunConfig, n: int, temperature: float, progress: bool, chunk: int, policy, task):
     import torch
 
-    from ablate.train.trainer import build_policy, resolve_device
+    from ablate.train.models import build_policy, resolve_device
 
     torch.manual_seed(cfg.seed)
     task = task or make_task(dataclasses.replace(cfg.task, pass_rate_band=()))

@@ -22,7 +22,7 @@ def export(run_dir: str | Path, out: str | Path) -> dict:
     import torch
 
     from ablate.tasks import make_task
-    from ablate.train.trainer import build_policy
+    from ablate.train.models import build_policy
 
     store, out = RunStore(run_dir), Path(out)
     data = store.read_config()

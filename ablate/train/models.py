@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 # transformers is imported where it is used: a toy run (and every worker process starting one) never
 # loads it, which saves seconds of start-up per process
 
-from ablate.config import TaskConfig
+from ablate.config import ConfigError, RunConfig, TaskConfig
 from ablate.tasks.arithmetic import build as build_task
 from ablate.tasks.arithmetic import is_heldout, random_problem
+from ablate.train import execution
+from ablate.train.rollout import LMPolicy
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 CHARS = string.printable  # digits, letters, punctuation, space, \t \n ...: every char is one token
@@ -316,3 +318,32 @@ def base_model_cli(out: str, seed: int = 0) -> None:
     console.print(f"base model in {out}: {record['params']:,} params, {how}; "
                   f"held-out pass@1 {h['pass1']:.3f} (T=1, n={h['n']}), greedy {h['greedy_acc']:.3f}, "
                   f"0/{h['n']} {h['share_none']:.2f}, {h['n']}/{h['n']} {h['share_all']:.2f}")
+
+
+# --- the trained policy ----------------------------------------------------------------------------
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' but this machine has no usable CUDA device; allowed values: 'auto' "
+                          "(CUDA when there is one), 'cpu'")
+    return torch.device(name)
+
+
+def build_policy(cfg: RunConfig, task, device: torch.device):
+    """What is trained: the configured model (LoRA, gradient checkpointing) as an `LMPolicy`, or the toy's table."""
+    if cfg.task.name == "toy_addition":
+        from ablate.tasks.toy import build_policy as build_toy_policy
+
+        return build_toy_policy(task)
+    bf16_weights = cfg.model.master_weights == "bfloat16"
+    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16") and not bf16_weights
+    # fp32 master weights with bf16 autocast on CUDA, or bf16 weights (and optimizer state) throughout
+    model = load_model(cfg.model.path, device, torch.bfloat16 if bf16_weights else torch.float32)
+    if cfg.model.lora is not None:
+        model = add_lora(model, cfg.model.lora)
+    if cfg.compute.gradient_checkpointing:
+        execution.enable_gradient_checkpointing(model)
+    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None,
+                    cfg.compute.fp32_logits)

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ablate.config import ConfigError, RunConfig, run_id, to_dict
+from ablate.config import RunConfig, run_id, to_dict
 from ablate.rl import stats
 from ablate.rl.divergence import Diverged, check_parameters
 from ablate.rl.rewards import overlong_penalty
 from ablate.rl.sampling import SAMPLER, TRAIN, Rollout, RowNoise
-from ablate.runs.store import RunStore
+from ablate.runs.store import FINISHED, RunState, RunStore
 from ablate.tasks import make_task, score_batch, task_labels
 from ablate.tasks.base import Problem
 from ablate.tasks.mixture import per_task_train
@@ -39,42 +39,13 @@ from ablate.train.critic import Critic, build_critic, critic_state
 from ablate.train.data import PromptSampler
 from ablate.train.difficulty import band_filter
 from ablate.train.evaluation import evaluate_repeats, log_eval
+from ablate.train.models import build_policy, resolve_device
 from ablate.train.optim import make_optimizer
 from ablate.train.plan import Sampling, StepPlan, plan_step
-from ablate.train.rollout import LMPolicy, RolloutEngine
+from ablate.train.rollout import RolloutEngine
 from ablate.train.update import sequence_logprobs, sequence_scores, update
 
 # --- set-up and resume ------------------------------------------------------------------------------
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: 'cuda' but this machine has no usable CUDA device; allowed values: 'auto' "
-                          "(CUDA when there is one), 'cpu'")
-    return torch.device(name)
-
-
-def build_policy(cfg: RunConfig, task, device: torch.device):
-    if cfg.task.name == "toy_addition":
-        from ablate.tasks.toy import build_policy as build_toy_policy
-
-        return build_toy_policy(task)
-    from ablate.train.models import load_model, load_tokenizer
-
-    bf16_weights = cfg.model.master_weights == "bfloat16"
-    use_bf16 = device.type == "cuda" and cfg.model.dtype in ("auto", "bfloat16") and not bf16_weights
-    # fp32 master weights with bf16 autocast on CUDA, or bf16 weights (and optimizer state) throughout
-    model = load_model(cfg.model.path, device, torch.bfloat16 if bf16_weights else torch.float32)
-    if cfg.model.lora is not None:
-        from ablate.train.models import add_lora
-
-        model = add_lora(model, cfg.model.lora)
-    if cfg.compute.gradient_checkpointing:
-        execution.enable_gradient_checkpointing(model)
-    return LMPolicy(model, load_tokenizer(cfg.model.path), device, torch.bfloat16 if use_bf16 else None,
-                    cfg.compute.fp32_logits)
-
 
 def build_engine(cfg: RunConfig, policy) -> RolloutEngine:
     """What samples the rollouts, training and held-out (`rollout.engine`): the policy itself (HF KV-cache
@@ -473,7 +444,7 @@ def evaluate_now(run: Run, store: RunStore, plan: StepPlan, batch: Batch, scored
 # --- the loop --------------------------------------------------------------------------------------
 
 def train(cfg: RunConfig, out_dir: str, progress: bool = True,
-          should_prune: Callable[[int, dict], bool] | None = None) -> str:
+          should_prune: Callable[[int, dict], bool] | None = None) -> RunState:
     """Train `cfg` into the run folder `out_dir` (resuming from its checkpoint if any); returns the final
     state: completed, diverged, pruned or failed (failed also re-raises; so does cancelled, by
     SIGTERM or Ctrl-C). `should_prune(step, eval_row)`
@@ -484,7 +455,7 @@ def train(cfg: RunConfig, out_dir: str, progress: bool = True,
         return _train_folder(cfg, out_dir, progress, should_prune)
 
 
-def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) -> str:
+def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) -> RunState:
     from ablate.runs.tracking import open_mirrors
 
     sampler = {"sampler": SAMPLER}
@@ -497,14 +468,14 @@ def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) ->
     with distributed.failing_together():
         store.lock()  # one writer: rank 0 holds the folder for the run's life (RunFolderError names the holder)
     status = store.status()
-    if status and status["state"] in ("completed", "diverged", "pruned"):
+    if status and status["state"] in FINISHED:
         store.unlock()
         return status["state"]
     store.write_config(cfg)
     device = resolve_device(cfg.device)
     store.write_provenance(cfg, str(device), **sampler, world_size=distributed.world())
     store.mirrors = open_mirrors(cfg, store.root) if distributed.is_main() else []  # W&B (docs/tracking.md)
-    state = "failed"
+    state: RunState = "failed"
     try:
         store.set_status("running", (status or {}).get("step", 0))
         with preemption.stop_on_signals():  # SIGTERM, SIGHUP end the run `cancelled`, not `running` forever
@@ -529,7 +500,7 @@ def _train_folder(cfg: RunConfig, out_dir: str, progress: bool, should_prune) ->
         store.close(state)  # every exit path: completed, diverged, failed (incl. preemption exits)
 
 
-def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> str:
+def _train(cfg: RunConfig, store: RunStore, device: torch.device, progress: bool, should_prune) -> RunState:
     run = set_up(cfg, device)
     resumed = resume(run, store)
     run.engine = build_engine(cfg, run.policy)  # after any resume: it starts from the restored weights
