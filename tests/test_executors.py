@@ -3,7 +3,9 @@ the CLI's and the manifest's, and the scheduler states each derives from what a 
 
 from __future__ import annotations
 
+import os
 import typing
+from pathlib import Path
 
 from ablate.experiments.executors import EXECUTORS, Executor
 from ablate.experiments.manifest import JOB_IDS
@@ -42,3 +44,16 @@ def test_debug_runs_are_done_and_nothing_is_left_to_stop(tmp_path):
 def test_slurm_cancel_without_an_active_job_calls_no_scheduler(tmp_path):
     rows = [{"run_id": "d" * 12, "job_id": "12_0", "scheduler": "COMPLETED", "executor": "slurm"}]
     assert EXECUTORS["slurm"].cancel(tmp_path, {"runs": {}}, rows)()  # no scancel: nothing active
+
+
+def test_workers_are_given_the_folder_that_holds_the_package(monkeypatch):
+    """A job's `python -m submitit...` imports `ablate` from PYTHONPATH: the folder holding ablate/, not ablate/
+    itself (whose modules would then also import as top-level `config`, `schema`, ...)."""
+    from ablate.experiments.worker import importable
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    importable()
+    first, rest = os.environ["PYTHONPATH"].split(os.pathsep, 1)
+    assert (Path(first) / "ablate" / "__init__.py").is_file() and rest == "/elsewhere"
+    importable()  # once only
+    assert os.environ["PYTHONPATH"].split(os.pathsep).count(first) == 1

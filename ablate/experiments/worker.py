@@ -123,6 +123,6 @@ def _watch_launcher(poll_s: float = 1.0) -> None:
 
 def importable() -> None:
     """Workers run `python -m submitit...` (inheriting our environment): let them import `ablate` anywhere."""
-    root, paths = str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")
+    root, paths = str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")  # the folder holding ablate/
     if root not in paths.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, paths]))
