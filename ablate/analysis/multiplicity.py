@@ -26,25 +26,27 @@ def none(p: np.ndarray) -> np.ndarray:
     return np.asarray(p, dtype=float).copy()
 
 
-def holm(p: np.ndarray) -> np.ndarray:
+def _ascending(p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p as floats, an all-NaN result to fill, the indices of the finite p-values in ascending order): a NaN
+    p-value (a contrast that could not be tested) stays NaN and is not counted in m."""
     p = np.asarray(p, dtype=float)
-    out = np.full(p.shape, np.nan)
     ok = np.flatnonzero(np.isfinite(p))
-    m = len(ok)
+    return p, np.full(p.shape, np.nan), ok[np.argsort(p[ok], kind="stable")]
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    p, out, order = _ascending(p)
+    m = len(order)
     if m:
-        order = ok[np.argsort(p[ok], kind="stable")]
         steps = np.minimum(1.0, (m - np.arange(m)) * p[order])          # (m - j + 1) p_(j), j = 1..m
         out[order] = np.maximum.accumulate(steps)
     return out
 
 
 def bh(p: np.ndarray) -> np.ndarray:
-    p = np.asarray(p, dtype=float)
-    out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    m = len(ok)
+    p, out, order = _ascending(p)
+    m = len(order)
     if m:
-        order = ok[np.argsort(p[ok], kind="stable")]
         steps = np.minimum(1.0, m / np.arange(1, m + 1) * p[order])     # (m / j) p_(j)
         out[order] = np.minimum.accumulate(steps[::-1])[::-1]
     return out

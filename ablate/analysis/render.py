@@ -341,15 +341,28 @@ def band_lines(bands: list[dict]) -> list[str]:
     return out
 
 
-def html(rep, title: str, meta: dict) -> str:
-    """The report page: the blocks of each section, rendered by `templates/report.html.j2` (autoescaped)."""
-    sections: list[dict] = []
+def _fig(rep, key: str, alt: str) -> dict | None:
+    return _figure(alt, rep.figures[key]) if key in rep.figures else None
+
+
+def _results(frame, note: str, tables, figure: dict | None = None, empty: str | None = None) -> list[dict]:
+    """A results section: its note, its tables (`tables()`: (header, rows) pairs, built only when there are
+    results) and its figure; or the `empty` line when `frame` holds nothing."""
+    if frame is None or not len(frame):
+        return [_para(empty)] if empty else []
+    return [_para(note, "meta"), *(_table(*t) for t in tables()), *([figure] if figure else [])]
+
+
+def sections(rep) -> list[dict]:
+    """The report's content, once: each section of SECTIONS as {id, title, blocks}, rendered two ways (`html`,
+    `markdown`)."""
+    out: list[dict] = []
     p: list[dict] = []
 
     def sec(key):
         nonlocal p
         p = []
-        sections.append({"id": key, "title": dict(SECTIONS)[key], "blocks": p})
+        out.append({"id": key, "title": dict(SECTIONS)[key], "blocks": p})
 
     sec("headline")
     if rep.base_lines:
@@ -368,33 +381,18 @@ def html(rep, title: str, meta: dict) -> str:
     p.append(_para(_ci_note(rep), "meta"))
     p.append(_table(*_ranking_rows(rep)))
     sec("effects")
-    if rep.effects is not None and len(rep.effects):
-        p.append(_para(_ci_note(rep), "meta"))
-        p.append(_table(*_effect_rows(rep)))
-        if "forest" in rep.figures:
-            p.append(_figure("effect forest plot", rep.figures["forest"]))
-    else:
-        p.append(_para("No factorial design (fewer than two levels varied)."))
+    p += _results(rep.effects, _ci_note(rep), lambda: [_effect_rows(rep)], _fig(rep, "forest", "effect forest plot"),
+                  "No factorial design (fewer than two levels varied).")
     sec("scores")
-    if rep.score_table is not None and len(rep.score_table):
-        p.append(_para(SCORE_NOTE, "meta"))
-        p.append(_table(*_score_rows(rep)))
+    p += _results(rep.score_table, SCORE_NOTE, lambda: [_score_rows(rep)])
     sec("evalnoise")
-    if rep.noise is not None and len(rep.noise):
-        p.append(_para(NOISE_NOTE, "meta"))
-        p.append(_table(*_noise_rows(rep)))
-        if len(rep.noise_contrasts):
-            p.append(_table(*_noise_contrast_rows(rep)))
-    else:
-        p.append(_para("No per-problem counts (eval_problems.jsonl): runs written before eval.repeats existed."))
+    p += _results(rep.noise, NOISE_NOTE, lambda: [_noise_rows(rep)] + ([_noise_contrast_rows(rep)] if len(
+        rep.noise_contrasts) else []), None, "No per-problem counts (eval_problems.jsonl): runs written before "
+                  "eval.repeats existed.")
     sec("scaling")
-    if rep.scaling is not None and len(rep.scaling):
-        p.append(_para(f"{SCALING_NOTE} x: {rep.fit_x}.", "meta"))
-        p.append(_table(*_scaling_rows(rep)))
-        if "scaling" in rep.figures:
-            p.append(_figure("compute scaling fit", rep.figures["scaling"]))
-    else:
-        p.append(_para("Not fitted (ablate report --fit tokens | samples | wall | steps)."))
+    p += _results(rep.scaling, f"{SCALING_NOTE} x: {rep.fit_x}.", lambda: [_scaling_rows(rep)],
+                  _fig(rep, "scaling", "compute scaling fit"), "Not fitted (ablate report --fit tokens | samples | "
+                  "wall | steps).")
     sec("curves")
     if "curves" in rep.figures:
         p.append(_para(rep.curves_caption, "meta"))
@@ -430,8 +428,42 @@ def html(rep, title: str, meta: dict) -> str:
         p.append(_para("No samples.jsonl found."))
     sec("runs")
     p.append(_table(*_run_rows(rep)))
+    return out
+
+
+def html(rep, title: str, meta: dict) -> str:
+    """The report page: the blocks of each section, rendered by `templates/report.html.j2` (autoescaped)."""
     return _template().render(title=title, metric=rep.metric, unit=rep.unit, x=rep.x, paths=", ".join(meta["paths"]),
-                              generated=meta["generated"], sections=sections)
+                              generated=meta["generated"], sections=sections(rep))
+
+
+def _md_cell(cell) -> str:
+    return f"`{cell.text.replace('`', chr(39))}`" if isinstance(cell, Pre) else cell
+
+
+def _md_block(b: dict) -> list[str]:
+    """One block as Markdown lines (figures are the HTML report's alone)."""
+    if b["kind"] == "p":
+        return [b["text"], ""]
+    if b["kind"] == "ul":
+        return [f"- {item}" for item in b["items"]] + [""]
+    if b["kind"] == "h3":
+        return [f"### {b['text']}", ""]
+    if b["kind"] == "table":
+        rows = [[_md_cell(c) for c in r] for r in b["rows"]]
+        header = b["header"] or [""] * max((len(r) for r in rows), default=1)
+        return ([f"{b['summary']}:", ""] if b["summary"] else []) + [_md_table(header, rows)]
+    return []
+
+
+def markdown(rep, title: str, meta: dict) -> str:
+    """The same sections and blocks as the HTML page, as Markdown."""
+    p = [f"# {title}", "", f"Metric: `{rep.metric}` (final value per run, {rep.unit}); runs: "
+         f"{', '.join(meta['paths'])}; generated {meta['generated']}. Figures: see the HTML report.", ""]
+    for section in sections(rep):
+        if section["blocks"]:  # a section with nothing to say (no extra scores) is left out
+            p += [f"## {section['title']}", ""] + [line for b in section["blocks"] for line in _md_block(b)]
+    return "\n".join(p)
 
 
 def _task_rows(rep):
@@ -455,39 +487,3 @@ def _multitask_rows(rep):
     return ["arm", "runs", "tasks", "mean [95% bootstrap CI]", "IQM [95% bootstrap CI]",
             "optimality gap [95% bootstrap CI]"], rows
 
-
-def markdown(rep, title: str, meta: dict) -> str:
-    p = [f"# {title}", "", f"Metric: `{rep.metric}` (final value per run, {rep.unit}); runs: "
-         f"{', '.join(meta['paths'])}; generated {meta['generated']}. Figures: see the HTML report.", ""]
-    p += ["## Headline", ""]
-    if rep.base_lines:
-        p += ["Change from the base model (final minus step-0 evaluation of the same run):", ""]
-        p += [f"- {h}" for h in rep.base_lines] + [""]
-    p += ([f"- {h}" for h in rep.headline] or ["No comparison: a single arm."]) + [""]
-    p += ["## Setup", ""] + [(x if isinstance(x, str) else _md_table(*x)) + "\n" for x in _setup_parts(rep)] + [x + "\n" for x in band_lines(rep.bands)]
-    p += ["## Warnings", ""] + ([f"- {w}" for w in rep.warnings] or ["None."]) + [""]
-    p += ["## Ranking", "", _ci_note(rep), "", _md_table(*_ranking_rows(rep))]
-    p += ["## Factorial effects", ""] + ([_ci_note(rep), ""] if rep.effects is not None and len(rep.effects) else [])
-    p += [_md_table(*_effect_rows(rep))] if rep.effects is not None and len(rep.effects) else ["No factorial design.", ""]
-    if rep.score_table is not None and len(rep.score_table):
-        p += ["## Scores", "", SCORE_NOTE, "", _md_table(*_score_rows(rep))]
-    if rep.noise is not None and len(rep.noise):
-        p += ["## Eval noise", "", NOISE_NOTE, "", _md_table(*_noise_rows(rep))]
-        if len(rep.noise_contrasts):
-            p += [_md_table(*_noise_contrast_rows(rep))]
-    if rep.scaling is not None and len(rep.scaling):
-        p += ["## Compute scaling", "", SCALING_NOTE + f" x: {rep.fit_x}.", "", _md_table(*_scaling_rows(rep))]
-    if len(rep.passk):
-        p += ["## pass@k", "", PASSK_NOTE, "", _md_table(*_passk_rows(rep))]
-    if rep.tasks is not None and len(rep.tasks):
-        p += ["### Per task (task mixture)", "", _md_table(*_task_rows(rep))]
-    if rep.multitask is not None and len(rep.multitask):
-        p += ["### Across tasks (rliable)", "", MULTITASK_NOTE, "", _md_table(*_multitask_rows(rep))]
-    if len(rep.diagnostics):
-        p += ["## Diagnostics", "", _md_table(*_diag_rows(rep))]
-    if rep.samples:
-        p += ["## Samples", ""]
-        for arm, rows in rep.samples.items():
-            p += [f"### {arm}", "", _md_table(*_sample_rows(rows))]
-    p += ["## Runs", "", _md_table(*_run_rows(rep))]
-    return "\n".join(p)
