@@ -180,3 +180,18 @@ def test_should_prune_stops_the_run_as_pruned(tmp_path):
     assert [r["step"] for r in store.read("metrics")] == list(range(1, 11))
     # a pruned run is finished: training it again does nothing
     assert trainer.train(cfg, str(tmp_path), progress=False) == "pruned"
+
+
+def test_dynamic_sampling_that_finds_no_live_group_trains_on_the_last_round(tmp_path):
+    """Near-greedy sampling: every group's G completions agree, so every group is dead in every round. After
+    `max_gen_rounds` rounds with nothing kept the step trains on the last round's B groups (zero advantages, a
+    no-op for the policy term), as the data policies do, instead of failing on an empty batch."""
+    cfg = toy("recipe.dynamic_sampling=true", "recipe.max_gen_rounds=2", "recipe.temperature=0.001", "steps=3",
+              "eval.every=3")
+    store = run(cfg, tmp_path)
+    rows = store.read("metrics")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["train/gen_rounds"] == 2 and r["train/dead_group_frac"] == 1.0
+        assert r["train/live_groups"] == cfg.prompts_per_step and r["train/adv_abs_max"] == 0.0
+        assert r["train/loss_policy"] == 0.0

@@ -232,7 +232,10 @@ def collect(engine, task, train: list[Problem], stream, plan: StepPlan, tokenize
         live = torch.arange(len(problems))
         if s.live_groups_only or stream.drops_dead_groups:
             spread = torch.nonzero(total.max(1).values > total.min(1).values).flatten()
-            live = spread if s.live_groups_only or len(spread) else live  # all dead: a no-op update instead
+            # all dead: a no-op update on them instead (dynamic sampling: once its last round has found no live
+            # group at all; an empty batch has nothing to update on)
+            last_chance = rounds == s.rounds and not any(len(b.problems) for b in kept)
+            live = spread if len(spread) or (s.live_groups_only and not last_chance) else live
         rows = (live[:, None] * s.group_size + torch.arange(s.group_size)).flatten()
         kept.append(Batch([problems[i] for i in live.tolist()], ro.select(rows), total[live], correct[live],
                           fmt[live], over[live]))
