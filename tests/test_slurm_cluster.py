@@ -57,9 +57,11 @@ def squeue_state(job_id: str) -> tuple[str, str]:
     return tuple(out.split("|")) if out else ("", "")  # type: ignore[return-value]
 
 
-def wait_squeue(job_id: str, state: str, timeout: float = WAIT_S) -> str:
+def wait_squeue(job_id: str, state: str, timeout: float = WAIT_S, with_reason: bool = False) -> str:
+    """Wait for `state`; returns squeue's reason. `with_reason`: also for the scheduler to give one (a job
+    just put back in the queue shows 'None' until the scheduler's next pass sets it)."""
     deadline = time.monotonic() + timeout
-    while (cur := squeue_state(job_id))[0] != state:
+    while (cur := squeue_state(job_id))[0] != state or with_reason and cur[1] == "None":
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} not {state} after {timeout}s (now {cur})")
         time.sleep(0.2)
@@ -112,7 +114,7 @@ def test_requeue_and_release(tmp_path: Path) -> None:
     wait_squeue(job, "RUNNING")
     _run("scontrol", "requeue", job)
     # A requeued job gets BeginTime = now + ~120 s; releasing it must not take that long.
-    reason = wait_squeue(job, "PENDING")
+    reason = wait_squeue(job, "PENDING", with_reason=True)
     assert reason == "BeginTime", f"requeued job pending for {reason!r}, expected BeginTime"
     # Not within the same second as the kill: slurmd revokes the old job credential with 1 s
     # resolution, and a relaunch in that second fails ("Job credential revoked" -> FAILED).
