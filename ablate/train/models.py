@@ -152,8 +152,13 @@ class BuildSettings:
     operators: tuple[str, ...] = ("+", "-", "*")
 
     def hash(self) -> str:
-        blob = json.dumps({**asdict(self), "recipe_version": RECIPE_VERSION}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return settings_hash(self, recipe_version=RECIPE_VERSION)
+
+
+def settings_hash(settings, **tags) -> str:
+    """The cache key of a model build: its settings (a dataclass) and `tags` (recipe version, kind)."""
+    blob = json.dumps({**asdict(settings), **tags}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _new_model(s: BuildSettings, tok) -> LlamaForCausalLM:

@@ -21,7 +21,7 @@ import torch
 
 from ablate.tasks.arithmetic import is_heldout, random_problem
 from ablate.tasks.environments.calculator import _EXPR, trace
-from ablate.train.models import _new_model, build_tokenizer, warm_start
+from ablate.train.models import _new_model, build_tokenizer, settings_hash, warm_start
 
 RECIPE_VERSION = 1
 
@@ -43,10 +43,7 @@ class CalculatorSettings:
     operators: tuple[str, ...] = ("+", "-", "*")
 
     def hash(self) -> str:
-        import hashlib
-
-        blob = json.dumps({**asdict(self), "recipe_version": RECIPE_VERSION, "kind": "calculator"}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return settings_hash(self, recipe_version=RECIPE_VERSION, kind="calculator")
 
 
 def _batch(rng: random.Random, s: CalculatorSettings, tok):
